@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every test of the project: formatting and lints, the dependency check, unit tests
+# and the end-to-end tests against a local control plane built from upstream sources.
+# This is the README's test command and what CI runs (.ci/run).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+. "$here/versions.sh"
+cd "$root"
+t0=$(date +%s)
+step() { echo; echo "== $* ($(( $(date +%s) - t0 ))s)"; }
+
+step "prerequisites"
+bash "$here/prerequisites.sh"
+
+step "local control plane (built once, cached in $FLOTILLA_CACHE)"
+bash "$here/cluster.sh" up flotilla-test
+export FLOTILLA_TEST_KUBECONFIG
+FLOTILLA_TEST_KUBECONFIG=$(bash "$here/cluster.sh" kubeconfig flotilla-test)
+if [ "${FLOTILLA_KEEP_CLUSTER:-0}" != 1 ]; then
+  trap 'bash "$here/cluster.sh" down flotilla-test >/dev/null 2>&1 || true' EXIT
+fi
+
+step "formatting and lints"
+cargo fmt --check
+cargo clippy --locked --all-targets -- -D warnings
+
+step "one version of each kube crate"
+dups=$(cargo tree --locked -d -e normal,build --prefix none 2>/dev/null | grep -E '^(kube|kube-client|kube-core|kube-runtime|kube-derive|k8s-openapi) v' || true)
+if [ -n "$dups" ]; then
+  echo "error: more than one version of a kube crate in the dependency graph:" >&2
+  echo "$dups" >&2
+  echo "fix with: cargo update -p <crate>@<newer> --precise <older>" >&2
+  exit 1
+fi
+
+step "unit and end-to-end tests"
+cargo test --locked --all-targets
+
+echo; echo "== all tests passed in $(( $(date +%s) - t0 ))s"

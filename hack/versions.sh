@@ -1,0 +1,13 @@
+# Pinned versions of everything the local control plane is built from.
+# Sourced by the other hack/ scripts; changing a version changes the cache key.
+K8S_VERSION=v1.36.3
+K8S_STAGING_VERSION=v0.36.3
+ETCD_VERSION=v3.6.14
+KWOK_VERSION=v0.8.0
+FLOTILLA_CACHE=${FLOTILLA_CACHE:-$HOME/.cache/flotilla}
+K8S_BIN=$FLOTILLA_CACHE/k8s-$K8S_VERSION
+ETCD_BIN=$FLOTILLA_CACHE/etcd-$ETCD_VERSION
+KWOK_BIN=$FLOTILLA_CACHE/kwok-$KWOK_VERSION
+# Cargo's target dir lives outside the clone so that a fresh clone (CI) builds warm.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$FLOTILLA_CACHE/target}
+export PATH=$K8S_BIN:$ETCD_BIN:$KWOK_BIN:$HOME/.cargo/bin:/usr/local/go/bin:$PATH

@@ -1,0 +1,61 @@
+//! State shared by every reconcile of the App controller.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::telemetry::Metrics;
+
+/// Handed to every reconcile: the client, the caches of managed objects, Events and metrics.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub app_resource: ApiResource,
+    /// Deployments labelled as managed by Flotilla, in the namespaces this replica serves.
+    pub deployments: Store<Deployment>,
+    /// HorizontalPodAutoscalers labelled as managed by Flotilla.
+    pub hpas: Store<HorizontalPodAutoscaler>,
+    failures: Mutex<HashMap<(String, String), u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        recorder: Recorder,
+        metrics: Metrics,
+        app_resource: ApiResource,
+        deployments: Store<Deployment>,
+        hpas: Store<HorizontalPodAutoscaler>,
+    ) -> Self {
+        Self { client, recorder, metrics, app_resource, deployments, hpas, failures: Mutex::default() }
+    }
+
+    /// Waits until both caches hold their initial lists, so that a missing object in the
+    /// cache really means missing.
+    pub async fn wait_for_caches(&self) {
+        let _ = self.deployments.wait_until_ready().await;
+        let _ = self.hpas.wait_until_ready().await;
+    }
+
+    fn key(obj: &DynamicObject) -> (String, String) {
+        (obj.namespace().unwrap_or_default(), obj.name_any())
+    }
+
+    /// Counts one more consecutive failure of this App and returns the count.
+    pub fn count_failure(&self, obj: &DynamicObject) -> u32 {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = failures.entry(Self::key(obj)).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    pub fn reset_failures(&self, obj: &DynamicObject) {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&Self::key(obj));
+    }
+}

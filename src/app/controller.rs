@@ -1,0 +1,137 @@
+//! Wires the App controller: watches Apps, and the Deployments and HPAs they own (so that
+//! drift triggers a reconcile at once), and runs reconciles until shutdown.
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tracing::{debug, info};
+
+use super::context::Context;
+use super::names;
+use super::reconcile::{error_policy, reconcile};
+use crate::api::App;
+use crate::telemetry::Metrics;
+
+/// Which namespaces this replica serves.
+#[derive(Clone, Debug)]
+pub enum Scope {
+    /// Every namespace (one cluster-wide watch per kind).
+    All,
+    /// One namespace only.
+    Namespace(String),
+}
+
+impl Scope {
+    fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match self {
+            Scope::All => Api::all(client.clone()),
+            Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+        }
+    }
+}
+
+/// Drops what the operator never reads from cached objects: managed fields and the
+/// last-applied annotation are most of a Deployment's size.
+fn slim<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+    if let Some(a) = obj.meta_mut().annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// A cache of the managed objects of one kind, and the stream of changes that feeds it.
+fn managed_cache<K>(api: Api<K>) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&names::managed_selector());
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(slim::<K>)
+        .reflect(writer)
+        .touched_objects();
+    (reader, stream)
+}
+
+/// The controller's context and the two watch streams that fill its caches. The streams
+/// must be polled (the controller does; a test can drain them) for the caches to fill.
+pub fn context(
+    client: Client,
+    scope: &Scope,
+    reporter: Reporter,
+    metrics: Metrics,
+) -> (
+    Arc<Context>,
+    impl Stream<Item = Result<Deployment, watcher::Error>> + Send + 'static,
+    impl Stream<Item = Result<HorizontalPodAutoscaler, watcher::Error>> + Send + 'static,
+) {
+    let (deployments, deployment_events) = managed_cache::<Deployment>(scope.api(&client));
+    let (hpas, hpa_events) = managed_cache::<HorizontalPodAutoscaler>(scope.api(&client));
+    let recorder = Recorder::new(client.clone(), reporter);
+    let app_resource = ApiResource::erase::<App>(&());
+    let ctx = Arc::new(Context::new(client, recorder, metrics, app_resource, deployments, hpas));
+    (ctx, deployment_events, hpa_events)
+}
+
+/// The Apps of a scope, read as dynamic objects so that one malformed App cannot break the
+/// watch (and the cache) for all the others: each is parsed in its own reconcile.
+pub fn apps_api(client: &Client, scope: &Scope) -> Api<DynamicObject> {
+    let app_resource = ApiResource::erase::<App>(&());
+    match scope {
+        Scope::All => Api::all_with(client.clone(), &app_resource),
+        Scope::Namespace(ns) => Api::namespaced_with(client.clone(), ns, &app_resource),
+    }
+}
+
+/// Returns the future that runs the App controller until `shutdown`. `ready` turns true
+/// once every cache has its initial list.
+pub fn app_controller(
+    client: Client,
+    scope: Scope,
+    reporter: Reporter,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> {
+    let apps = apps_api(&client, &scope);
+    let (ctx, deployment_events, hpa_events) = context(client, &scope, reporter, metrics);
+    let controller = Controller::new_with(apps, watcher::Config::default(), ctx.app_resource.clone())
+        .owns_stream(deployment_events)
+        .owns_stream(hpa_events)
+        .graceful_shutdown_on(shutdown);
+    let app_store = controller.store();
+    async move {
+        let readiness_ctx = ctx.clone();
+        tokio::spawn(async move {
+            let _ = app_store.wait_until_ready().await;
+            readiness_ctx.wait_for_caches().await;
+            ready.store(true, Ordering::SeqCst);
+            info!("App controller caches synced");
+        });
+        controller
+            .run(reconcile, error_policy, ctx)
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    debug!(error = %e, "reconcile did not complete");
+                }
+            })
+            .await;
+        info!("App controller stopped");
+    }
+}

@@ -1,0 +1,319 @@
+//! The objects an App should have, and how observed objects differ from them. Pure: no I/O.
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::autoscaling::v2::{
+    CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec, MetricSpec,
+    MetricTarget, ResourceMetricSource,
+};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use std::collections::BTreeMap;
+
+use super::names;
+use crate::api::App;
+
+/// Default target of the autoscaler when the App names none.
+pub const DEFAULT_TARGET_CPU_PERCENT: i32 = 80;
+
+/// Everything the planner needs to know about an App, already validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppIdentity {
+    pub name: String,
+    pub namespace: String,
+    pub owner: OwnerReference,
+}
+
+impl AppIdentity {
+    /// `None` when the App lacks a name, namespace or uid (it has not been stored yet).
+    pub fn of(app: &App) -> Option<Self> {
+        let name = app.metadata.name.clone()?;
+        let namespace = app.metadata.namespace.clone()?;
+        let uid = app.metadata.uid.clone()?;
+        let owner = OwnerReference {
+            api_version: "flotilla.dev/v1alpha1".into(),
+            kind: "App".into(),
+            name: name.clone(),
+            uid,
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        Some(Self { name, namespace, owner })
+    }
+
+    fn meta(&self, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![self.owner.clone()]),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// The stable Deployment: the App's image at its version, and its replicas unless an
+/// autoscaler owns that number.
+pub fn desired_deployment(app: &App, id: &AppIdentity) -> Deployment {
+    let spec = &app.spec;
+    let labels = names::labels(&id.name, &spec.version);
+    let replicas = if spec.autoscaling.is_some() { None } else { Some(spec.replicas.unwrap_or(1)) };
+    Deployment {
+        metadata: id.meta(names::stable_deployment_name(&id.name), labels.clone()),
+        spec: Some(DeploymentSpec {
+            replicas,
+            selector: LabelSelector {
+                match_labels: Some(names::stable_selector(&id.name)),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: names::CONTAINER_NAME.into(),
+                        image: Some(names::image_ref(&spec.image, &spec.version)),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The HorizontalPodAutoscaler, when the App asks for autoscaling.
+pub fn desired_hpa(app: &App, id: &AppIdentity) -> Option<HorizontalPodAutoscaler> {
+    let auto = app.spec.autoscaling.as_ref()?;
+    let target = auto.target_cpu_utilization_percentage.unwrap_or(DEFAULT_TARGET_CPU_PERCENT);
+    Some(HorizontalPodAutoscaler {
+        metadata: id.meta(names::hpa_name(&id.name), names::labels(&id.name, &app.spec.version)),
+        spec: Some(HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some("apps/v1".into()),
+                kind: "Deployment".into(),
+                name: names::stable_deployment_name(&id.name),
+            },
+            min_replicas: Some(auto.min_replicas),
+            max_replicas: auto.max_replicas,
+            metrics: Some(vec![MetricSpec {
+                type_: "Resource".into(),
+                resource: Some(ResourceMetricSource {
+                    name: "cpu".into(),
+                    target: MetricTarget {
+                        type_: "Utilization".into(),
+                        average_utilization: Some(target),
+                        ..MetricTarget::default()
+                    },
+                }),
+                ..MetricSpec::default()
+            }]),
+            behavior: None,
+        }),
+        status: None,
+    })
+}
+
+/// One field of a managed object that differs from what the App asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Difference {
+    pub field: &'static str,
+    pub observed: String,
+    pub desired: String,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} was {}, want {}", self.field, self.observed, self.desired)
+    }
+}
+
+fn show<T: std::fmt::Debug>(v: Option<T>) -> String {
+    match v {
+        Some(v) => format!("{v:?}").trim_matches('"').to_string(),
+        None => "unset".into(),
+    }
+}
+
+fn diff<T: PartialEq + std::fmt::Debug>(out: &mut Vec<Difference>, field: &'static str, observed: Option<T>, desired: Option<T>) {
+    if observed != desired {
+        out.push(Difference { field, observed: show(observed), desired: show(desired) });
+    }
+}
+
+/// Whether `observed` carries every label of `desired` with the same value.
+fn labels_cover(observed: Option<&BTreeMap<String, String>>, desired: Option<&BTreeMap<String, String>>) -> bool {
+    let Some(desired) = desired else { return true };
+    let Some(observed) = observed else { return desired.is_empty() };
+    desired.iter().all(|(k, v)| observed.get(k) == Some(v))
+}
+
+fn owned_by(meta: &ObjectMeta, owner: &OwnerReference) -> bool {
+    meta.owner_references.iter().flatten().any(|o| o.uid == owner.uid && o.controller == Some(true))
+}
+
+/// The fields the operator owns on the Deployment that differ from `desired`; empty when
+/// nothing needs to be applied. Fields owned by others (extra labels, other containers,
+/// resources set by a policy engine) are not compared.
+pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment>) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let Some(observed) = observed else {
+        out.push(Difference { field: "deployment", observed: "missing".into(), desired: "present".into() });
+        return out;
+    };
+    let (Some(want), Some(have)) = (desired.spec.as_ref(), observed.spec.as_ref()) else {
+        out.push(Difference { field: "spec", observed: "unset".into(), desired: "set".into() });
+        return out;
+    };
+    if want.replicas.is_some() {
+        diff(&mut out, "spec.replicas", have.replicas, want.replicas);
+    }
+    let image = |d: &DeploymentSpec| {
+        d.template.spec.as_ref().and_then(|p| {
+            p.containers.iter().find(|c| c.name == names::CONTAINER_NAME).and_then(|c| c.image.clone())
+        })
+    };
+    diff(&mut out, "spec.template.spec.containers[app].image", image(have), image(want));
+    if !labels_cover(observed.metadata.labels.as_ref(), desired.metadata.labels.as_ref()) {
+        out.push(Difference { field: "metadata.labels", observed: "changed".into(), desired: "restored".into() });
+    }
+    let tmpl_labels = |d: &DeploymentSpec| d.template.metadata.as_ref().and_then(|m| m.labels.clone());
+    if !labels_cover(tmpl_labels(have).as_ref(), tmpl_labels(want).as_ref()) {
+        out.push(Difference { field: "spec.template.metadata.labels", observed: "changed".into(), desired: "restored".into() });
+    }
+    if let Some(owner) = desired.metadata.owner_references.iter().flatten().next() {
+        if !owned_by(&observed.metadata, owner) {
+            out.push(Difference { field: "metadata.ownerReferences", observed: "missing".into(), desired: "App".into() });
+        }
+    }
+    out
+}
+
+/// The fields the operator owns on the HorizontalPodAutoscaler that differ from `desired`.
+pub fn hpa_differences(desired: &HorizontalPodAutoscaler, observed: Option<&HorizontalPodAutoscaler>) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let Some(observed) = observed else {
+        out.push(Difference { field: "horizontalPodAutoscaler", observed: "missing".into(), desired: "present".into() });
+        return out;
+    };
+    let (want, have) = (desired.spec.as_ref(), observed.spec.as_ref());
+    diff(&mut out, "spec.minReplicas", have.and_then(|s| s.min_replicas), want.and_then(|s| s.min_replicas));
+    diff(&mut out, "spec.maxReplicas", have.map(|s| s.max_replicas), want.map(|s| s.max_replicas));
+    diff(&mut out, "spec.scaleTargetRef.name", have.map(|s| s.scale_target_ref.name.clone()), want.map(|s| s.scale_target_ref.name.clone()));
+    diff(&mut out, "spec.metrics", have.and_then(|s| s.metrics.clone()), want.and_then(|s| s.metrics.clone()));
+    if !labels_cover(observed.metadata.labels.as_ref(), desired.metadata.labels.as_ref()) {
+        out.push(Difference { field: "metadata.labels", observed: "changed".into(), desired: "restored".into() });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{AppSpec, Autoscaling};
+    use proptest::prelude::*;
+
+    fn app(replicas: Option<i32>, autoscaling: Option<Autoscaling>) -> (App, AppIdentity) {
+        let mut app = App::new(
+            "checkout",
+            AppSpec { image: "registry.example.com/checkout".into(), version: "1.4.2".into(), replicas, autoscaling },
+        );
+        app.metadata.namespace = Some("team-a".into());
+        app.metadata.uid = Some("uid-1".into());
+        let id = AppIdentity::of(&app).expect("identity");
+        (app, id)
+    }
+
+    #[test]
+    fn deployment_runs_the_image_at_the_version() {
+        let (app, id) = app(Some(3), None);
+        let d = desired_deployment(&app, &id);
+        let spec = d.spec.as_ref().expect("spec");
+        assert_eq!(spec.replicas, Some(3));
+        let pod = spec.template.spec.as_ref().expect("pod");
+        assert_eq!(pod.containers[0].image.as_deref(), Some("registry.example.com/checkout:1.4.2"));
+        let labels = d.metadata.labels.as_ref().expect("labels");
+        assert_eq!(labels.get(names::LABEL_VERSION).map(String::as_str), Some("1.4.2"));
+        assert_eq!(labels.get(names::LABEL_MANAGED_BY).map(String::as_str), Some("flotilla"));
+        assert_eq!(d.metadata.owner_references.as_ref().map(|o| o[0].uid.as_str()), Some("uid-1"));
+    }
+
+    #[test]
+    fn replicas_default_to_one() {
+        let (app, id) = app(None, None);
+        assert_eq!(desired_deployment(&app, &id).spec.and_then(|s| s.replicas), Some(1));
+    }
+
+    #[test]
+    fn autoscaling_leaves_replicas_to_the_hpa() {
+        let auto = Autoscaling { min_replicas: 2, max_replicas: 5, target_cpu_utilization_percentage: None };
+        let (app, id) = app(None, Some(auto));
+        assert_eq!(desired_deployment(&app, &id).spec.and_then(|s| s.replicas), None);
+        let hpa = desired_hpa(&app, &id).expect("hpa");
+        let spec = hpa.spec.expect("spec");
+        assert_eq!((spec.min_replicas, spec.max_replicas), (Some(2), 5));
+        assert_eq!(spec.scale_target_ref.name, "checkout");
+    }
+
+    #[test]
+    fn no_hpa_without_autoscaling() {
+        let (app, id) = app(Some(2), None);
+        assert!(desired_hpa(&app, &id).is_none());
+    }
+
+    #[test]
+    fn table_of_differences() {
+        let (app, id) = app(Some(3), None);
+        let desired = desired_deployment(&app, &id);
+        let scaled = {
+            let mut d = desired.clone();
+            d.spec.as_mut().expect("spec").replicas = Some(7);
+            d
+        };
+        let reimaged = {
+            let mut d = desired.clone();
+            d.spec.as_mut().expect("spec").template.spec.as_mut().expect("pod").containers[0].image = Some("evil:latest".into());
+            d
+        };
+        let extra_label = {
+            let mut d = desired.clone();
+            d.metadata.labels.as_mut().expect("labels").insert("team".into(), "a".into());
+            d
+        };
+        let cases: Vec<(&str, Option<&Deployment>, Vec<&str>)> = vec![
+            ("missing", None, vec!["deployment"]),
+            ("identical", Some(&desired), vec![]),
+            ("scaled", Some(&scaled), vec!["spec.replicas"]),
+            ("image edited", Some(&reimaged), vec!["spec.template.spec.containers[app].image"]),
+            ("foreign label is fine", Some(&extra_label), vec![]),
+        ];
+        for (name, observed, want) in cases {
+            let got: Vec<_> = deployment_differences(&desired, observed).iter().map(|d| d.field).collect();
+            assert_eq!(got, want, "case {name}");
+        }
+    }
+
+    #[test]
+    fn hpa_choice_of_replicas_is_not_drift() {
+        let auto = Autoscaling { min_replicas: 2, max_replicas: 5, target_cpu_utilization_percentage: Some(60) };
+        let (app, id) = app(None, Some(auto));
+        let desired = desired_deployment(&app, &id);
+        let mut observed = desired.clone();
+        observed.spec.as_mut().expect("spec").replicas = Some(4);
+        assert!(deployment_differences(&desired, Some(&observed)).is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn desired_state_never_differs_from_itself(replicas in 0i32..=1000, version in "[a-z0-9]([a-z0-9._-]{0,20}[a-z0-9])?", min in 1i32..10, extra in 0i32..10, auto in any::<bool>()) {
+            let autoscaling = auto.then_some(Autoscaling { min_replicas: min, max_replicas: min + extra, target_cpu_utilization_percentage: None });
+            let (mut app, id) = app(if auto { None } else { Some(replicas) }, autoscaling);
+            app.spec.version = version;
+            let d = desired_deployment(&app, &id);
+            prop_assert!(deployment_differences(&d, Some(&d)).is_empty());
+            if let Some(h) = desired_hpa(&app, &id) {
+                prop_assert!(hpa_differences(&h, Some(&h)).is_empty());
+            }
+        }
+    }
+}

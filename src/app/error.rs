@@ -1,0 +1,115 @@
+//! What can go wrong while reconciling an App, and how each failure is retried.
+
+use std::time::Duration;
+
+/// A failed reconcile of one App, with the object it concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("App {namespace}/{name} cannot be read as a v1alpha1 App: {source}")]
+    InvalidApp { namespace: String, name: String, #[source] source: serde_json::Error },
+    #[error("App {namespace}/{name} has no uid yet")]
+    NotStored { namespace: String, name: String },
+    #[error("applying {kind} {namespace}/{name}: {source}")]
+    Apply { kind: &'static str, namespace: String, name: String, #[source] source: kube::Error },
+    #[error("deleting {kind} {namespace}/{name}: {source}")]
+    Delete { kind: &'static str, namespace: String, name: String, #[source] source: kube::Error },
+    #[error("writing status of App {namespace}/{name}: {source}")]
+    Status { namespace: String, name: String, #[source] source: kube::Error },
+}
+
+/// How a failure is retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Someone else wrote first (409): retry at once with fresh state.
+    Conflict,
+    /// 403 or 404: the operator lacks rights here or the namespace is going; report it and back off.
+    Refused,
+    /// The object itself is unusable; wait for it to change.
+    Invalid,
+    /// Anything else (timeouts, 5xx): back off.
+    Transient,
+}
+
+impl ReconcileError {
+    fn api_code(&self) -> Option<u16> {
+        let source = match self {
+            Self::Apply { source, .. } | Self::Delete { source, .. } | Self::Status { source, .. } => source,
+            _ => return None,
+        };
+        match source {
+            kube::Error::Api(status) => Some(status.code),
+            _ => None,
+        }
+    }
+
+    pub fn class(&self) -> ErrorClass {
+        match (self, self.api_code()) {
+            (Self::InvalidApp { .. } | Self::NotStored { .. }, _) => ErrorClass::Invalid,
+            (_, Some(409)) => ErrorClass::Conflict,
+            (_, Some(403 | 404)) => ErrorClass::Refused,
+            _ => ErrorClass::Transient,
+        }
+    }
+
+    /// Short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self.class() {
+            ErrorClass::Conflict => "conflict",
+            ErrorClass::Refused => "refused",
+            ErrorClass::Invalid => "invalid",
+            ErrorClass::Transient => "transient",
+        }
+    }
+
+    /// The reason shown in status and Events.
+    pub fn reason(&self) -> &'static str {
+        match self.api_code() {
+            Some(403) => "Forbidden",
+            Some(404) => "NotFound",
+            _ => match self {
+                Self::InvalidApp { .. } => "InvalidSpec",
+                _ => "ReconcileError",
+            },
+        }
+    }
+}
+
+/// Delay before the next attempt after `failures` consecutive failures of this class:
+/// conflicts retry at once, everything else backs off exponentially from 1 s to 5 min.
+pub fn retry_delay(class: ErrorClass, failures: u32) -> Option<Duration> {
+    match class {
+        ErrorClass::Conflict => Some(Duration::from_millis(50)),
+        ErrorClass::Invalid => None,
+        ErrorClass::Refused | ErrorClass::Transient => {
+            let secs = 1u64.checked_shl(failures.min(16)).unwrap_or(u64::MAX).min(300);
+            Some(Duration::from_secs(secs))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        let d = |n| retry_delay(ErrorClass::Refused, n).map(|d| d.as_secs());
+        assert_eq!([d(0), d(1), d(3), d(8), d(40)], [Some(1), Some(2), Some(8), Some(256), Some(300)]);
+        assert_eq!(retry_delay(ErrorClass::Conflict, 9), Some(Duration::from_millis(50)));
+        assert_eq!(retry_delay(ErrorClass::Invalid, 0), None);
+    }
+
+    fn api_error(code: u16) -> ReconcileError {
+        let status = kube::core::Status::failure("x", "y").with_code(code);
+        ReconcileError::Apply { kind: "Deployment", namespace: "n".into(), name: "a".into(), source: kube::Error::Api(Box::new(status)) }
+    }
+
+    #[test]
+    fn classes_by_code() {
+        assert_eq!(api_error(409).class(), ErrorClass::Conflict);
+        assert_eq!(api_error(403).class(), ErrorClass::Refused);
+        assert_eq!(api_error(403).reason(), "Forbidden");
+        assert_eq!(api_error(404).class(), ErrorClass::Refused);
+        assert_eq!(api_error(500).class(), ErrorClass::Transient);
+    }
+}

@@ -1,0 +1,11 @@
+//! The App controller: desired objects (pure), status (pure), and the reconciler that applies them.
+
+pub mod context;
+pub mod controller;
+pub mod desired;
+pub mod error;
+pub mod names;
+pub mod reconcile;
+pub mod status;
+
+pub use context::Context;

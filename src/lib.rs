@@ -1,0 +1,7 @@
+//! Flotilla: a multi-tenant Kubernetes operator with metric-gated rollouts.
+
+pub mod api;
+pub mod app;
+pub mod cli;
+pub mod operator;
+pub mod telemetry;

@@ -1,0 +1,60 @@
+use clap::Parser;
+use flotilla::cli::{Cli, Command};
+use std::process::ExitCode;
+
+fn replica_id(explicit: Option<String>) -> String {
+    explicit
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "flotilla".into());
+            format!("{}-{}", host.trim(), std::process::id())
+        })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => match flotilla::api::crds_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: rendering CRDs: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run(args) => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            runtime.block_on(async move {
+                let _telemetry = match flotilla::telemetry::logging::init(args.log_json, "flotilla") {
+                    Ok(g) => g,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                let settings = flotilla::operator::Settings {
+                    kubeconfig: args.kubeconfig,
+                    namespace: args.namespace,
+                    admin_addr: args.admin_addr,
+                    replica_id: replica_id(args.replica_id),
+                };
+                match flotilla::operator::run(settings).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        tracing::error!(error = %e, "operator failed");
+                        eprintln!("error: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            })
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! The admin HTTP server of a replica: `/metrics`, `/healthz` and `/readyz`.
+
+use axum::{Router, extract::State, http::StatusCode, routing::get};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::telemetry::Metrics;
+
+#[derive(Clone)]
+struct AdminState {
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+}
+
+/// Binds the admin server and returns the address it listens on (useful with port 0).
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(AdminState { metrics, ready });
+    let handle = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await });
+    Ok((bound, handle))
+}
+
+async fn metrics_text(State(s): State<AdminState>) -> ([(&'static str, &'static str); 1], String) {
+    ([("content-type", "text/plain; version=0.0.4")], s.metrics.render())
+}
+
+async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+    if s.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+    }
+}

@@ -1,0 +1,86 @@
+//! Prometheus metrics of the operator, in one registry served on `/metrics`.
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use std::time::Duration;
+
+/// Every metric the operator exports. Names follow Prometheus conventions: units in the
+/// name, `_total` for counters.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    reconciles: IntCounterVec,
+    reconcile_duration: HistogramVec,
+    errors: IntCounterVec,
+    drift_corrections: IntCounterVec,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("registering metric: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+impl Metrics {
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let reconciles = IntCounterVec::new(
+            Opts::new("flotilla_reconciles_total", "Reconciles by controller and result (ok or error)."),
+            &["controller", "result"],
+        )?;
+        let reconcile_duration = HistogramVec::new(
+            HistogramOpts::new("flotilla_reconcile_duration_seconds", "Time one reconcile took.")
+                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+            &["controller"],
+        )?;
+        let errors = IntCounterVec::new(
+            Opts::new("flotilla_reconcile_errors_total", "Failed reconciles by controller and error kind (conflict, refused, invalid, transient)."),
+            &["controller", "kind"],
+        )?;
+        let drift_corrections = IntCounterVec::new(
+            Opts::new("flotilla_drift_corrections_total", "Managed objects put back after someone changed them, by kind."),
+            &["kind"],
+        )?;
+        registry.register(Box::new(reconciles.clone()))?;
+        registry.register(Box::new(reconcile_duration.clone()))?;
+        registry.register(Box::new(errors.clone()))?;
+        registry.register(Box::new(drift_corrections.clone()))?;
+        Ok(Self { registry, reconciles, reconcile_duration, errors, drift_corrections })
+    }
+
+    pub fn reconciled(&self, controller: &str, took: Duration, error_kind: Option<&str>) {
+        let result = if error_kind.is_some() { "error" } else { "ok" };
+        self.reconciles.with_label_values(&[controller, result]).inc();
+        self.reconcile_duration.with_label_values(&[controller]).observe(took.as_secs_f64());
+        if let Some(kind) = error_kind {
+            self.errors.with_label_values(&[controller, kind]).inc();
+        }
+    }
+
+    pub fn drift_corrected(&self, kind: &str) {
+        self.drift_corrections.with_label_values(&[kind]).inc();
+    }
+
+    /// The registry in Prometheus' text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let encoder = TextEncoder::new();
+        if let Err(e) = encoder.encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!(error = %e, "encoding metrics");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_with_labels() {
+        let m = Metrics::new().expect("metrics");
+        m.reconciled("app", Duration::from_millis(3), None);
+        m.reconciled("app", Duration::from_millis(3), Some("refused"));
+        let text = m.render();
+        assert!(text.contains(r#"flotilla_reconciles_total{controller="app",result="ok"} 1"#), "{text}");
+        assert!(text.contains(r#"flotilla_reconcile_errors_total{controller="app",kind="refused"} 1"#), "{text}");
+        assert!(text.contains("flotilla_reconcile_duration_seconds_bucket"), "{text}");
+    }
+}

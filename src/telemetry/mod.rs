@@ -1,0 +1,6 @@
+//! Logs, traces and Prometheus metrics of the operator.
+
+pub mod logging;
+pub mod metrics;
+
+pub use metrics::Metrics;

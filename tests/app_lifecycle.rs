@@ -1,0 +1,256 @@
+//! End to end, against the local control plane: an App becomes a ready Deployment, drift is
+//! put back, autoscaling hands replicas to an HPA, a settled App causes no writes, and
+//! deleting the App removes what it owned.
+
+mod support;
+
+use flotilla::api::{App, AppPhase};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use std::time::Duration;
+use support::{Operator, TestNamespace, admin_client, install_crds, wait_for};
+
+const SETTLE: Duration = Duration::from_secs(60);
+
+async fn setup(prefix: &str) -> (Client, TestNamespace, Operator) {
+    let client = admin_client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::create(&client, prefix).await;
+    let op = Operator::start(&ns.name).await;
+    (client, ns, op)
+}
+
+async fn create_app(client: &Client, ns: &str, spec: serde_json::Value) -> App {
+    let name = spec["name"].as_str().expect("name").to_string();
+    let mut body = spec.clone();
+    body.as_object_mut().expect("object").remove("name");
+    let app: App = serde_json::from_value(json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": body,
+    }))
+    .expect("valid App");
+    Api::<App>::namespaced(client.clone(), ns).create(&PostParams::default(), &app).await.expect("creating App")
+}
+
+async fn wait_healthy(apps: &Api<App>, name: &str, version: &str) -> App {
+    wait_for(SETTLE, &format!("App {name} Healthy at {version}"), || async {
+        let app = apps.get(name).await.ok()?;
+        let s = app.status.as_ref()?;
+        (s.phase == Some(AppPhase::Healthy)
+            && s.current_version.as_deref() == Some(version)
+            && s.observed_generation == app.metadata.generation)
+            .then_some(app)
+    })
+    .await
+}
+
+fn image_of(d: &Deployment) -> Option<String> {
+    d.spec.as_ref()?.template.spec.as_ref()?.containers.first()?.image.clone()
+}
+
+async fn event_reasons(client: &Client, ns: &str, app: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let list = events.list(&ListParams::default()).await.expect("events");
+    list.items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(app))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_becomes_a_ready_deployment_and_follows_new_versions() {
+    let (client, ns, _op) = setup("e2e-create").await;
+    create_app(&client, &ns.name, json!({"name": "web", "image": "registry.example.com/web", "version": "1.0.0", "replicas": 3})).await;
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+
+    let app = wait_healthy(&apps, "web", "1.0.0").await;
+    let status = app.status.clone().expect("status");
+    assert_eq!(status.ready.as_deref(), Some("3/3"));
+    assert_eq!(status.ready_replicas, Some(3));
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").expect("Ready condition");
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Available"));
+
+    let d = deployments.get("web").await.expect("Deployment web");
+    assert_eq!(image_of(&d).as_deref(), Some("registry.example.com/web:1.0.0"));
+    let labels = d.labels();
+    assert_eq!(labels.get("app.kubernetes.io/name").map(String::as_str), Some("web"));
+    assert_eq!(labels.get("app.kubernetes.io/version").map(String::as_str), Some("1.0.0"));
+    assert_eq!(labels.get("app.kubernetes.io/managed-by").map(String::as_str), Some("flotilla"));
+    let owner = &d.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("App", "web", Some(true)));
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let running = pods.list(&ListParams::default().labels("app.kubernetes.io/name=web")).await.expect("pods");
+    let ready_pods = running
+        .items
+        .iter()
+        .filter(|p| {
+            p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .count();
+    assert_eq!(ready_pods, 3, "pods of the App are Ready");
+
+    apps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "1.1.0"}}))).await.expect("new version");
+    wait_healthy(&apps, "web", "1.1.0").await;
+    let d = deployments.get("web").await.expect("Deployment web");
+    assert_eq!(image_of(&d).as_deref(), Some("registry.example.com/web:1.1.0"));
+
+    let reasons = event_reasons(&client, &ns.name, "web").await;
+    for want in ["Created", "Updated", "Available"] {
+        assert!(reasons.iter().any(|r| r == want), "Event {want} recorded; got {reasons:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_on_the_deployment_is_put_back() {
+    let (client, ns, op) = setup("e2e-drift").await;
+    create_app(&client, &ns.name, json!({"name": "api", "image": "registry.example.com/api", "version": "2.0.0", "replicas": 2})).await;
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    wait_healthy(&apps, "api", "2.0.0").await;
+
+    // What `kubectl scale deployment api --replicas=5` does.
+    deployments
+        .patch_scale("api", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
+        .await
+        .expect("scaling by hand");
+    wait_for(Duration::from_secs(10), "replicas put back to 2", || async {
+        let d = deployments.get("api").await.ok()?;
+        (d.spec?.replicas == Some(2)).then_some(())
+    })
+    .await;
+
+    // What `kubectl set image deployment/api app=evil:latest` does.
+    deployments
+        .patch("api", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [{"name": "app", "image": "evil.example.com/miner:latest"}]}}}})))
+        .await
+        .expect("editing the image by hand");
+    wait_for(Duration::from_secs(10), "image put back", || async {
+        let d = deployments.get("api").await.ok()?;
+        (image_of(&d).as_deref() == Some("registry.example.com/api:2.0.0")).then_some(())
+    })
+    .await;
+
+    let reasons = event_reasons(&client, &ns.name, "api").await;
+    assert!(reasons.iter().any(|r| r == "DriftCorrected"), "DriftCorrected Event; got {reasons:?}");
+    let metrics = op.metrics().await;
+    assert!(metrics.contains("flotilla_drift_corrections_total{kind=\"Deployment\"}"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autoscaling_hands_replicas_to_an_hpa_and_back() {
+    let (client, ns, _op) = setup("e2e-hpa").await;
+    create_app(&client, &ns.name, json!({"name": "worker", "image": "registry.example.com/worker", "version": "3.0.0",
+        "autoscaling": {"minReplicas": 2, "maxReplicas": 4, "targetCPUUtilizationPercentage": 70}})).await;
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);
+
+    let hpa = wait_for(SETTLE, "HPA worker", || async { hpas.get_opt("worker").await.ok().flatten() }).await;
+    let spec = hpa.spec.clone().expect("hpa spec");
+    assert_eq!((spec.min_replicas, spec.max_replicas), (Some(2), 4));
+    assert_eq!(spec.scale_target_ref.name, "worker");
+    assert_eq!(hpa.owner_references()[0].kind, "App");
+
+    // The HPA controller raises the Deployment to minReplicas; the operator must not fight it.
+    wait_for(SETTLE, "HPA scales the Deployment to its minimum", || async {
+        let d = deployments.get("worker").await.ok()?;
+        (d.spec?.replicas == Some(2)).then_some(())
+    })
+    .await;
+    wait_healthy(&apps, "worker", "3.0.0").await;
+    let d = deployments.get("worker").await.expect("deployment");
+    let ours_owns_replicas = d
+        .managed_fields()
+        .iter()
+        .filter(|m| m.manager.as_deref() == Some("flotilla"))
+        .any(|m| m.fields_v1.as_ref().is_some_and(|f| f.0.to_string().contains("\"f:replicas\"")));
+    assert!(!ours_owns_replicas, "the operator does not own spec.replicas while an HPA does");
+
+    // Back to a fixed count: the HPA goes away.
+    apps.patch("worker", &PatchParams::default(), &Patch::Merge(json!({"spec": {"autoscaling": null, "replicas": 3}})))
+        .await
+        .expect("turning autoscaling off");
+    wait_for(SETTLE, "HPA deleted", || async { hpas.get_opt("worker").await.ok().flatten().is_none().then_some(()) }).await;
+    wait_for(SETTLE, "replicas set to 3", || async {
+        let d = deployments.get("worker").await.ok()?;
+        (d.spec?.replicas == Some(3)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_app_is_reconciled_100_times_without_a_write() {
+    let (client, ns, _op) = setup("e2e-nowrite").await;
+    create_app(&client, &ns.name, json!({"name": "quiet", "image": "registry.example.com/quiet", "version": "1.0.0",
+        "autoscaling": {"minReplicas": 2, "maxReplicas": 3}})).await;
+    create_app(&client, &ns.name, json!({"name": "still", "image": "registry.example.com/still", "version": "1.0.0", "replicas": 2})).await;
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);
+    wait_healthy(&apps, "quiet", "1.0.0").await;
+    wait_healthy(&apps, "still", "1.0.0").await;
+    // Let the HPA controller write its status once before taking the snapshot.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let versions = || async {
+        let mut v = Vec::new();
+        for name in ["quiet", "still"] {
+            v.push((format!("App/{name}"), apps.get(name).await.expect("app").resource_version()));
+            v.push((format!("Deployment/{name}"), deployments.get(name).await.expect("deployment").resource_version()));
+        }
+        v.push(("HPA/quiet".to_string(), hpas.get("quiet").await.expect("hpa").resource_version()));
+        v
+    };
+    let before = versions().await;
+
+    // A second reconciler in this process, with its own caches, driven by hand.
+    let scope = flotilla::app::controller::Scope::Namespace(ns.name.clone());
+    let reporter = kube::runtime::events::Reporter { controller: "flotilla".into(), instance: Some("test".into()) };
+    let metrics = flotilla::telemetry::Metrics::new().expect("metrics");
+    let (ctx, deployment_events, hpa_events) = flotilla::app::controller::context(client.clone(), &scope, reporter, metrics);
+    use futures::StreamExt;
+    tokio::spawn(deployment_events.for_each(|_| async {}));
+    tokio::spawn(hpa_events.for_each(|_| async {}));
+    let dynamic = flotilla::app::controller::apps_api(&client, &scope);
+    for name in ["quiet", "still"] {
+        for _ in 0..100 {
+            let obj = dynamic.get(name).await.expect("app");
+            flotilla::app::reconcile::reconcile(std::sync::Arc::new(obj), ctx.clone()).await.expect("reconcile");
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = versions().await;
+    assert_eq!(before, after, "no object was written by 200 reconciles of settled Apps");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_app_removes_its_deployment_and_hpa() {
+    let (client, ns, _op) = setup("e2e-delete").await;
+    create_app(&client, &ns.name, json!({"name": "gone", "image": "registry.example.com/gone", "version": "1",
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 2}})).await;
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);
+    wait_for(SETTLE, "Deployment and HPA", || async {
+        let d = deployments.get_opt("gone").await.ok().flatten();
+        let h = hpas.get_opt("gone").await.ok().flatten();
+        (d.is_some() && h.is_some()).then_some(())
+    })
+    .await;
+    apps.delete("gone", &DeleteParams::foreground()).await.expect("deleting App");
+    wait_for(SETTLE, "Deployment and HPA garbage-collected", || async {
+        let d = deployments.get_opt("gone").await.ok().flatten();
+        let h = hpas.get_opt("gone").await.ok().flatten();
+        (d.is_none() && h.is_none()).then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,71 @@
+//! End to end: the apiserver itself refuses invalid Apps (CRD schema and CEL rules), with a
+//! message that names the offending field.
+
+mod support;
+
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use serde_json::{Value, json};
+use support::{TestNamespace, admin_client, install_crds};
+
+fn app(name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .expect("object")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_apps_are_refused_with_the_field_named() {
+    let client = admin_client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "e2e-validate").await;
+    let ar = ApiResource::erase::<flotilla::api::App>(&());
+    let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns.name, &ar);
+    let ok = json!({"image": "registry.example.com/team/web", "version": "1.0.0"});
+    let with = |patch: Value| {
+        let mut spec = ok.clone();
+        for (k, v) in patch.as_object().expect("object") {
+            if v.is_null() {
+                spec.as_object_mut().expect("spec").remove(k);
+            } else {
+                spec[k] = v.clone();
+            }
+        }
+        spec
+    };
+    let long_name = "a".repeat(57);
+    let cases: Vec<(&str, &str, Value, &str)> = vec![
+        ("image with a tag", "tagged", with(json!({"image": "nginx:1.25"})), "spec.image"),
+        ("image with a digest", "digest", with(json!({"image": "nginx@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"})), "spec.image"),
+        ("empty image", "noimage", with(json!({"image": ""})), "spec.image"),
+        ("upper-case repository", "upper", with(json!({"image": "registry.example.com/Team/Web"})), "spec.image"),
+        ("missing version", "nover", with(json!({"version": null})), "spec.version"),
+        ("version starting with a dash", "dash", with(json!({"version": "-1.0"})), "spec.version"),
+        ("version with a space", "space", with(json!({"version": "1 0"})), "spec.version"),
+        ("negative replicas", "neg", with(json!({"replicas": -1})), "spec.replicas"),
+        ("too many replicas", "many", with(json!({"replicas": 1001})), "spec.replicas"),
+        ("replicas and autoscaling together", "both", with(json!({"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}})), "spec.replicas"),
+        ("minReplicas zero", "minzero", with(json!({"autoscaling": {"minReplicas": 0, "maxReplicas": 3}})), "spec.autoscaling.minReplicas"),
+        ("minReplicas above maxReplicas", "minmax", with(json!({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}})), "spec.autoscaling.minReplicas"),
+        ("CPU target over 100", "cpu", with(json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "targetCPUUtilizationPercentage": 150}})), "spec.autoscaling.targetCPUUtilizationPercentage"),
+        ("name too long for derived objects", &long_name, ok.clone(), "metadata.name"),
+        ("name not a DNS-1035 label", "1app", ok.clone(), "metadata.name"),
+    ];
+    let mut failures = Vec::new();
+    for (what, name, spec, field) in &cases {
+        match apps.create(&PostParams::default(), &app(name, spec.clone())).await {
+            Ok(_) => failures.push(format!("{what}: accepted")),
+            Err(kube::Error::Api(status)) => {
+                if status.code != 422 || !status.message.contains(field) {
+                    failures.push(format!("{what}: want 422 naming {field}, got {} {}", status.code, status.message));
+                }
+            }
+            Err(e) => failures.push(format!("{what}: unexpected error {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} invalid Apps not refused as expected:\n{}", failures.len(), cases.len(), failures.join("\n"));
+
+    // And a valid one is accepted.
+    apps.create(&PostParams::default(), &app("fine", ok)).await.expect("a valid App is accepted");
+}

@@ -1,0 +1,13 @@
+//! crds/ holds exactly what `flotilla crd` prints, so the checked-in YAML never drifts from
+//! the Rust types. Regenerate with: cargo run -q -- crd > crds/flotilla.dev.yaml
+
+#[test]
+fn checked_in_crds_match_the_rust_types() {
+    let generated = flotilla::api::crds_yaml().expect("rendering CRDs");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/flotilla.dev.yaml");
+    let checked_in = std::fs::read_to_string(path).expect("reading crds/flotilla.dev.yaml");
+    assert!(
+        generated == checked_in,
+        "crds/flotilla.dev.yaml is out of date; regenerate it with `cargo run -q -- crd > crds/flotilla.dev.yaml`"
+    );
+}

@@ -1,0 +1,207 @@
+//! Shared support for the end-to-end tests: the local control plane (started once per
+//! test binary, reused across binaries), a namespace per test, and an operator replica
+//! per test that serves only that namespace.
+#![allow(dead_code)]
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, Config, CustomResourceExt};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+/// Name of the cluster the tests share, unless FLOTILLA_TEST_KUBECONFIG names another.
+pub const TEST_CLUSTER: &str = "flotilla-test";
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Starts (or reuses) the shared test cluster and returns its kubeconfig. A failure here is
+/// a test failure with instructions, never a skip.
+pub fn kubeconfig() -> &'static Path {
+    static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
+    KUBECONFIG.get_or_init(|| {
+        if let Some(path) = std::env::var_os("FLOTILLA_TEST_KUBECONFIG") {
+            return PathBuf::from(path);
+        }
+        let script = repo_root().join("hack/cluster.sh");
+        let status = std::process::Command::new("bash")
+            .arg(&script)
+            .args(["up", TEST_CLUSTER])
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            other => panic!(
+                "the local control plane could not be started ({other:?}).\n\
+                 Run `bash hack/cluster.sh up {TEST_CLUSTER}` to see why. It builds etcd, Kubernetes and kwok \
+                 from their Go modules, so it needs Go >= 1.26 on PATH (https://go.dev/doc/install) and \
+                 access to the Go module proxy; `bash hack/test.sh` installs the rest."
+            ),
+        }
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .args(["kubeconfig", TEST_CLUSTER])
+            .output()
+            .expect("running hack/cluster.sh kubeconfig");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    })
+}
+
+/// An admin client for the test cluster (system:masters).
+pub async fn admin_client() -> Client {
+    let path = kubeconfig();
+    let kc = kube::config::Kubeconfig::read_from(path).expect("reading the test kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("kubeconfig");
+    Client::try_from(config).expect("client")
+}
+
+/// Installs the CRDs (server-side apply, so every test binary can do it) and waits until
+/// they are established.
+pub async fn install_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [flotilla::api::App::crd()] {
+        let name = crd.metadata.name.clone().expect("crd name");
+        crds.patch(&name, &PatchParams::apply("flotilla-tests").force(), &Patch::Apply(&crd))
+            .await
+            .expect("applying CRD");
+        wait_for(Duration::from_secs(30), &format!("CRD {name} established"), || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let crd = crds.get(&name).await.ok()?;
+                let established = crd
+                    .status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                established.then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+/// Polls `probe` every 200 ms until it yields a value; panics with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A namespace of one test; deleted when the test ends.
+pub struct TestNamespace {
+    pub name: String,
+}
+
+impl TestNamespace {
+    pub async fn create(client: &Client, prefix: &str) -> Self {
+        let suffix: u32 = std::process::id() ^ (Instant::now().elapsed().subsec_nanos())
+            ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0));
+        let name = format!("{prefix}-{:06x}", suffix & 0xff_ffff);
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("creating test namespace");
+        wait_for(Duration::from_secs(30), "default ServiceAccount", || {
+            let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
+            async move { sa.get_opt("default").await.ok().flatten() }
+        })
+        .await;
+        Self { name }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(kubectl())
+            .args(["--kubeconfig"])
+            .arg(kubeconfig())
+            .args(["delete", "namespace", &self.name, "--wait=false", "--ignore-not-found"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The kubectl built with the control plane.
+pub fn kubectl() -> PathBuf {
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(". {}/hack/versions.sh && echo $K8S_BIN/kubectl", repo_root().display()))
+        .output()
+        .expect("locating kubectl");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// One operator replica (the real binary), killed when dropped.
+pub struct Operator {
+    pub child: Child,
+    pub admin: String,
+}
+
+impl Operator {
+    /// Starts `flotilla run` serving only `namespace`, and waits until it is ready.
+    pub async fn start(namespace: &str) -> Self {
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("flotilla-e2e-{namespace}.log"));
+        let log_file = std::fs::File::create(&log).expect("operator log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["run", "--namespace", namespace, "--admin-addr", &format!("127.0.0.1:{port}")])
+            .arg("--kubeconfig")
+            .arg(kubeconfig())
+            .args(["--replica-id", &format!("e2e-{namespace}")])
+            .env("RUST_LOG", "info,flotilla=debug")
+            .stdout(log_file.try_clone().expect("log"))
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting the operator binary");
+        let admin = format!("127.0.0.1:{port}");
+        let op = Self { child, admin: admin.clone() };
+        wait_for(Duration::from_secs(60), &format!("operator ready (log: {})", log.display()), || {
+            let admin = admin.clone();
+            async move { http_get(&admin, "/readyz").await.filter(|(code, _)| *code == 200).map(|_| ()) }
+        })
+        .await;
+        op
+    }
+
+    pub async fn metrics(&self) -> String {
+        http_get(&self.admin, "/metrics").await.map(|(_, body)| body).unwrap_or_default()
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// A tiny HTTP/1.0 GET against the admin server: status code and body.
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.ok()?;
+    let mut buf = String::new();
+    stream.read_to_string(&mut buf).await.ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((code, body))
+}
