@@ -3,12 +3,10 @@ use flotilla::cli::{Cli, Command};
 use std::process::ExitCode;
 
 fn replica_id(explicit: Option<String>) -> String {
-    explicit
-        .or_else(|| std::env::var("POD_NAME").ok())
-        .unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "flotilla".into());
-            format!("{}-{}", host.trim(), std::process::id())
-        })
+    explicit.or_else(|| std::env::var("POD_NAME").ok()).unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "flotilla".into());
+        format!("{}-{}", host.trim(), std::process::id())
+    })
 }
 
 fn main() -> ExitCode {

@@ -67,7 +67,12 @@ async fn event_reasons(client: &Client, ns: &str, app: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_becomes_a_ready_deployment_and_follows_new_versions() {
     let (client, ns, _op) = setup("e2e-create").await;
-    create_app(&client, &ns.name, json!({"name": "web", "image": "registry.example.com/web", "version": "1.0.0", "replicas": 3})).await;
+    create_app(
+        &client,
+        &ns.name,
+        json!({"name": "web", "image": "registry.example.com/web", "version": "1.0.0", "replicas": 3}),
+    )
+    .await;
     let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
 
@@ -93,12 +98,17 @@ async fn app_becomes_a_ready_deployment_and_follows_new_versions() {
         .items
         .iter()
         .filter(|p| {
-            p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
         })
         .count();
     assert_eq!(ready_pods, 3, "pods of the App are Ready");
 
-    apps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "1.1.0"}}))).await.expect("new version");
+    apps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "1.1.0"}})))
+        .await
+        .expect("new version");
     wait_healthy(&apps, "web", "1.1.0").await;
     let d = deployments.get("web").await.expect("Deployment web");
     assert_eq!(image_of(&d).as_deref(), Some("registry.example.com/web:1.1.0"));
@@ -112,7 +122,12 @@ async fn app_becomes_a_ready_deployment_and_follows_new_versions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_on_the_deployment_is_put_back() {
     let (client, ns, op) = setup("e2e-drift").await;
-    create_app(&client, &ns.name, json!({"name": "api", "image": "registry.example.com/api", "version": "2.0.0", "replicas": 2})).await;
+    create_app(
+        &client,
+        &ns.name,
+        json!({"name": "api", "image": "registry.example.com/api", "version": "2.0.0", "replicas": 2}),
+    )
+    .await;
     let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
     wait_healthy(&apps, "api", "2.0.0").await;
@@ -148,14 +163,19 @@ async fn drift_on_the_deployment_is_put_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn autoscaling_hands_replicas_to_an_hpa_and_back() {
     let (client, ns, _op) = setup("e2e-hpa").await;
-    create_app(&client, &ns.name, json!({"name": "worker", "image": "registry.example.com/worker", "version": "3.0.0",
-        "autoscaling": {"minReplicas": 2, "maxReplicas": 4, "targetCPUUtilizationPercentage": 70}})).await;
+    create_app(
+        &client,
+        &ns.name,
+        json!({"name": "worker", "image": "registry.example.com/worker", "version": "3.0.0",
+        "autoscaling": {"minReplicas": 2, "maxReplicas": 4, "targetCPUUtilizationPercentage": 70}}),
+    )
+    .await;
     let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);
 
     let hpa = wait_for(SETTLE, "HPA worker", || async { hpas.get_opt("worker").await.ok().flatten() }).await;
-    let spec = hpa.spec.clone().expect("hpa spec");
+    let spec = hpa.spec.clone();
     assert_eq!((spec.min_replicas, spec.max_replicas), (Some(2), 4));
     assert_eq!(spec.scale_target_ref.name, "worker");
     assert_eq!(hpa.owner_references()[0].kind, "App");
@@ -179,7 +199,8 @@ async fn autoscaling_hands_replicas_to_an_hpa_and_back() {
     apps.patch("worker", &PatchParams::default(), &Patch::Merge(json!({"spec": {"autoscaling": null, "replicas": 3}})))
         .await
         .expect("turning autoscaling off");
-    wait_for(SETTLE, "HPA deleted", || async { hpas.get_opt("worker").await.ok().flatten().is_none().then_some(()) }).await;
+    wait_for(SETTLE, "HPA deleted", || async { hpas.get_opt("worker").await.ok().flatten().is_none().then_some(()) })
+        .await;
     wait_for(SETTLE, "replicas set to 3", || async {
         let d = deployments.get("worker").await.ok()?;
         (d.spec?.replicas == Some(3)).then_some(())
@@ -190,9 +211,19 @@ async fn autoscaling_hands_replicas_to_an_hpa_and_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     let (client, ns, _op) = setup("e2e-nowrite").await;
-    create_app(&client, &ns.name, json!({"name": "quiet", "image": "registry.example.com/quiet", "version": "1.0.0",
-        "autoscaling": {"minReplicas": 2, "maxReplicas": 3}})).await;
-    create_app(&client, &ns.name, json!({"name": "still", "image": "registry.example.com/still", "version": "1.0.0", "replicas": 2})).await;
+    create_app(
+        &client,
+        &ns.name,
+        json!({"name": "quiet", "image": "registry.example.com/quiet", "version": "1.0.0",
+        "autoscaling": {"minReplicas": 2, "maxReplicas": 3}}),
+    )
+    .await;
+    create_app(
+        &client,
+        &ns.name,
+        json!({"name": "still", "image": "registry.example.com/still", "version": "1.0.0", "replicas": 2}),
+    )
+    .await;
     let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);
@@ -216,7 +247,8 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     let scope = flotilla::app::controller::Scope::Namespace(ns.name.clone());
     let reporter = kube::runtime::events::Reporter { controller: "flotilla".into(), instance: Some("test".into()) };
     let metrics = flotilla::telemetry::Metrics::new().expect("metrics");
-    let (ctx, deployment_events, hpa_events) = flotilla::app::controller::context(client.clone(), &scope, reporter, metrics);
+    let (ctx, deployment_events, hpa_events) =
+        flotilla::app::controller::context(client.clone(), &scope, reporter, metrics);
     use futures::StreamExt;
     tokio::spawn(deployment_events.for_each(|_| async {}));
     tokio::spawn(hpa_events.for_each(|_| async {}));
@@ -235,8 +267,13 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_the_app_removes_its_deployment_and_hpa() {
     let (client, ns, _op) = setup("e2e-delete").await;
-    create_app(&client, &ns.name, json!({"name": "gone", "image": "registry.example.com/gone", "version": "1",
-        "autoscaling": {"minReplicas": 1, "maxReplicas": 2}})).await;
+    create_app(
+        &client,
+        &ns.name,
+        json!({"name": "gone", "image": "registry.example.com/gone", "version": "1",
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 2}}),
+    )
+    .await;
     let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);

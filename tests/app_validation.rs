@@ -37,7 +37,12 @@ async fn invalid_apps_are_refused_with_the_field_named() {
     let long_name = "a".repeat(57);
     let cases: Vec<(&str, &str, Value, &str)> = vec![
         ("image with a tag", "tagged", with(json!({"image": "nginx:1.25"})), "spec.image"),
-        ("image with a digest", "digest", with(json!({"image": "nginx@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"})), "spec.image"),
+        (
+            "image with a digest",
+            "digest",
+            with(json!({"image": "nginx@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"})),
+            "spec.image",
+        ),
         ("empty image", "noimage", with(json!({"image": ""})), "spec.image"),
         ("upper-case repository", "upper", with(json!({"image": "registry.example.com/Team/Web"})), "spec.image"),
         ("missing version", "nover", with(json!({"version": null})), "spec.version"),
@@ -45,10 +50,30 @@ async fn invalid_apps_are_refused_with_the_field_named() {
         ("version with a space", "space", with(json!({"version": "1 0"})), "spec.version"),
         ("negative replicas", "neg", with(json!({"replicas": -1})), "spec.replicas"),
         ("too many replicas", "many", with(json!({"replicas": 1001})), "spec.replicas"),
-        ("replicas and autoscaling together", "both", with(json!({"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}})), "spec.replicas"),
-        ("minReplicas zero", "minzero", with(json!({"autoscaling": {"minReplicas": 0, "maxReplicas": 3}})), "spec.autoscaling.minReplicas"),
-        ("minReplicas above maxReplicas", "minmax", with(json!({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}})), "spec.autoscaling.minReplicas"),
-        ("CPU target over 100", "cpu", with(json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "targetCPUUtilizationPercentage": 150}})), "spec.autoscaling.targetCPUUtilizationPercentage"),
+        (
+            "replicas and autoscaling together",
+            "both",
+            with(json!({"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}})),
+            "spec.replicas",
+        ),
+        (
+            "minReplicas zero",
+            "minzero",
+            with(json!({"autoscaling": {"minReplicas": 0, "maxReplicas": 3}})),
+            "spec.autoscaling.minReplicas",
+        ),
+        (
+            "minReplicas above maxReplicas",
+            "minmax",
+            with(json!({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}})),
+            "spec.autoscaling.minReplicas",
+        ),
+        (
+            "CPU target over 100",
+            "cpu",
+            with(json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "targetCPUUtilizationPercentage": 150}})),
+            "spec.autoscaling.targetCPUUtilizationPercentage",
+        ),
         ("name too long for derived objects", &long_name, ok.clone(), "metadata.name"),
         ("name not a DNS-1035 label", "1app", ok.clone(), "metadata.name"),
     ];
@@ -64,7 +89,13 @@ async fn invalid_apps_are_refused_with_the_field_named() {
             Err(e) => failures.push(format!("{what}: unexpected error {e}")),
         }
     }
-    assert!(failures.is_empty(), "{} of {} invalid Apps not refused as expected:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} invalid Apps not refused as expected:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 
     // And a valid one is accepted.
     apps.create(&PostParams::default(), &app("fine", ok)).await.expect("a valid App is accepted");

@@ -23,21 +23,20 @@ pub const MAX_APP_NAME_LEN: usize = 56;
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready","description":"Ready replicas / desired replicas"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    validation = Rule::new("self.metadata.name.size() <= 56").message("metadata.name: must be at most 56 characters, so that derived names such as <name>-canary stay within 63").reason("FieldValueInvalid").field_path(".metadata.name"),
-    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name: must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter), because it names a Deployment, its pods' labels and a Service").reason("FieldValueInvalid").field_path(".metadata.name"),
+    validation = Rule::new("self.metadata.name.size() <= 56").message("metadata.name: must be at most 56 characters, so that derived names such as <name>-canary stay within 63"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name: must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter), because it names a Deployment, its pods' labels and a Service"),
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("spec.replicas and spec.autoscaling are mutually exclusive: with autoscaling the HorizontalPodAutoscaler owns the replica count").reason("FieldValueForbidden").field_path(".replicas"))]
+#[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("spec.replicas and spec.autoscaling are mutually exclusive: with autoscaling the HorizontalPodAutoscaler owns the replica count").reason(kube::core::Reason::FieldValueForbidden).field_path(".replicas"))]
 pub struct AppSpec {
-    /// Container image repository, without a tag or digest (for example
-    /// `registry.example.com/team/checkout`). The tag is `version`.
-    #[schemars(length(min = 1, max = 255), regex(pattern = r"^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?))*(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"))]
+    /// Container image repository, without a tag or digest (for example `registry.example.com/team/checkout`). The tag is `version`.
+    #[schemars(length(min = 1, max = 255))]
+    #[x_kube(validation = Rule::new(r"self.matches(r'^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?))*(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$')").message("spec.image must be an image repository without a tag or digest, such as registry.example.com/team/app (the tag goes in spec.version)").reason(kube::core::Reason::FieldValueInvalid))]
     pub image: String,
 
-    /// Version to run: the image tag (letters, digits, '.', '_' and '-', at most 63 characters,
-    /// starting and ending with a letter or digit, since it is also a label value).
-    /// Changing it rolls the application out to the new version.
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$"))]
+    /// Version to run: the image tag. Letters, digits, '.', '_' and '-', at most 63 characters, starting and ending with a letter or digit (it is also a label value). Changing it rolls the application out to the new version.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(r"self.matches(r'^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$')").message("spec.version must be an image tag that is also a label value: letters, digits, '.', '_' and '-', starting and ending with a letter or digit").reason(kube::core::Reason::FieldValueInvalid))]
     pub version: String,
 
     /// Number of replicas (0 to 1000). Defaults to 1. Leave unset when `autoscaling` is set.
@@ -53,7 +52,7 @@ pub struct AppSpec {
 /// Bounds and target of the HorizontalPodAutoscaler Flotilla manages for an App.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("spec.autoscaling.minReplicas must be less than or equal to spec.autoscaling.maxReplicas").reason("FieldValueInvalid").field_path(".minReplicas"))]
+#[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("spec.autoscaling.minReplicas must be less than or equal to spec.autoscaling.maxReplicas").reason(kube::core::Reason::FieldValueInvalid).field_path(".minReplicas"))]
 pub struct Autoscaling {
     /// Fewest replicas the autoscaler may scale to (at least 1).
     #[schemars(range(min = 1, max = 1000))]
@@ -95,7 +94,7 @@ pub struct AppStatus {
 }
 
 /// Where an App stands.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AppPhase {
     /// The desired version runs with every replica ready.
     Healthy,

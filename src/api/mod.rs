@@ -10,10 +10,15 @@ use kube::CustomResourceExt;
 /// API group of every Flotilla resource.
 pub const GROUP: &str = "flotilla.dev";
 
+/// Every CRD Flotilla serves.
+pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
+    vec![App::crd()]
+}
+
 /// The CRDs as one multi-document YAML stream, exactly as checked in under `crds/`.
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     let mut out = String::new();
-    for crd in [App::crd()] {
+    for crd in crds() {
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&crd)?);
     }

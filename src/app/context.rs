@@ -8,8 +8,17 @@ use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use std::collections::HashMap;
 use std::sync::Mutex;
+use tokio::sync::watch;
 
 use crate::telemetry::Metrics;
+
+/// The caches of managed objects, and one flag per cache that turns true once it holds
+/// its first full list.
+pub struct Caches {
+    pub deployments: Store<Deployment>,
+    pub hpas: Store<HorizontalPodAutoscaler>,
+    pub synced: Vec<watch::Receiver<bool>>,
+}
 
 /// Handed to every reconcile: the client, the caches of managed objects, Events and metrics.
 pub struct Context {
@@ -21,6 +30,7 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     /// HorizontalPodAutoscalers labelled as managed by Flotilla.
     pub hpas: Store<HorizontalPodAutoscaler>,
+    synced: Vec<watch::Receiver<bool>>,
     failures: Mutex<HashMap<(String, String), u32>>,
 }
 
@@ -30,17 +40,18 @@ impl Context {
         recorder: Recorder,
         metrics: Metrics,
         app_resource: ApiResource,
-        deployments: Store<Deployment>,
-        hpas: Store<HorizontalPodAutoscaler>,
+        caches: Caches,
     ) -> Self {
-        Self { client, recorder, metrics, app_resource, deployments, hpas, failures: Mutex::default() }
+        let Caches { deployments, hpas, synced } = caches;
+        Self { client, recorder, metrics, app_resource, deployments, hpas, synced, failures: Mutex::default() }
     }
 
     /// Waits until both caches hold their initial lists, so that a missing object in the
     /// cache really means missing.
     pub async fn wait_for_caches(&self) {
-        let _ = self.deployments.wait_until_ready().await;
-        let _ = self.hpas.wait_until_ready().await;
+        for flag in &self.synced {
+            let _ = flag.clone().wait_for(|synced| *synced).await;
+        }
     }
 
     fn key(obj: &DynamicObject) -> (String, String) {

@@ -14,9 +14,10 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::watch;
 use tracing::{debug, info};
 
-use super::context::Context;
+use super::context::{Caches, Context};
 use super::names;
 use super::reconcile::{error_policy, reconcile};
 use crate::api::App;
@@ -53,20 +54,38 @@ fn slim<K: Resource>(obj: &mut K) {
     }
 }
 
-/// A cache of the managed objects of one kind, and the stream of changes that feeds it.
-fn managed_cache<K>(api: Api<K>) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+/// Turns true once a watch stream has delivered its first complete list. Kept as a
+/// `watch` channel because any number of reconciles may wait on it at once (a reflector
+/// store's own readiness future wakes only one waiter).
+pub fn synced_flag() -> (watch::Sender<bool>, watch::Receiver<bool>) {
+    watch::channel(false)
+}
+
+/// A cache of the objects of one kind, the stream of changes that feeds it, and a flag
+/// that turns true once the cache holds its first full list.
+fn cache<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    dyntype: K::DynamicType,
+) -> (Store<K>, watch::Receiver<bool>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    let (reader, writer) = reflector::store();
-    let config = watcher::Config::default().labels(&names::managed_selector());
+    let writer = reflector::store::Writer::new(dyntype);
+    let reader = writer.as_reader();
+    let (synced_tx, synced_rx) = synced_flag();
     let stream = watcher(api, config)
         .default_backoff()
         .modify(slim::<K>)
+        .inspect(move |event| {
+            if let Ok(watcher::Event::InitDone) = event {
+                synced_tx.send_replace(true);
+            }
+        })
         .reflect(writer)
         .touched_objects();
-    (reader, stream)
+    (reader, synced_rx, stream)
 }
 
 /// The controller's context and the two watch streams that fill its caches. The streams
@@ -81,11 +100,13 @@ pub fn context(
     impl Stream<Item = Result<Deployment, watcher::Error>> + Send + 'static,
     impl Stream<Item = Result<HorizontalPodAutoscaler, watcher::Error>> + Send + 'static,
 ) {
-    let (deployments, deployment_events) = managed_cache::<Deployment>(scope.api(&client));
-    let (hpas, hpa_events) = managed_cache::<HorizontalPodAutoscaler>(scope.api(&client));
+    let managed = || watcher::Config::default().labels(&names::managed_selector());
+    let (deployments, deployments_synced, deployment_events) = cache::<Deployment>(scope.api(&client), managed(), ());
+    let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
     let recorder = Recorder::new(client.clone(), reporter);
     let app_resource = ApiResource::erase::<App>(&());
-    let ctx = Arc::new(Context::new(client, recorder, metrics, app_resource, deployments, hpas));
+    let caches = Caches { deployments, hpas, synced: vec![deployments_synced, hpas_synced] };
+    let ctx = Arc::new(Context::new(client, recorder, metrics, app_resource, caches));
     (ctx, deployment_events, hpa_events)
 }
 
@@ -109,17 +130,19 @@ pub fn app_controller(
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> {
-    let apps = apps_api(&client, &scope);
+    let app_resource = ApiResource::erase::<App>(&());
+    let (apps, apps_synced, app_events) =
+        cache::<DynamicObject>(apps_api(&client, &scope), watcher::Config::default(), app_resource.clone());
     let (ctx, deployment_events, hpa_events) = context(client, &scope, reporter, metrics);
-    let controller = Controller::new_with(apps, watcher::Config::default(), ctx.app_resource.clone())
+    let controller = Controller::for_stream_with(app_events, apps, app_resource)
         .owns_stream(deployment_events)
         .owns_stream(hpa_events)
         .graceful_shutdown_on(shutdown);
-    let app_store = controller.store();
     async move {
         let readiness_ctx = ctx.clone();
         tokio::spawn(async move {
-            let _ = app_store.wait_until_ready().await;
+            let mut apps_synced = apps_synced;
+            let _ = apps_synced.wait_for(|s| *s).await;
             readiness_ctx.wait_for_caches().await;
             ready.store(true, Ordering::SeqCst);
             info!("App controller caches synced");

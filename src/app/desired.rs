@@ -2,8 +2,8 @@
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::autoscaling::v2::{
-    CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec, MetricSpec,
-    MetricTarget, ResourceMetricSource,
+    CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec, MetricSpec, MetricTarget,
+    ResourceMetricSource,
 };
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -88,7 +88,7 @@ pub fn desired_hpa(app: &App, id: &AppIdentity) -> Option<HorizontalPodAutoscale
     let target = auto.target_cpu_utilization_percentage.unwrap_or(DEFAULT_TARGET_CPU_PERCENT);
     Some(HorizontalPodAutoscaler {
         metadata: id.meta(names::hpa_name(&id.name), names::labels(&id.name, &app.spec.version)),
-        spec: Some(HorizontalPodAutoscalerSpec {
+        spec: HorizontalPodAutoscalerSpec {
             scale_target_ref: CrossVersionObjectReference {
                 api_version: Some("apps/v1".into()),
                 kind: "Deployment".into(),
@@ -109,7 +109,7 @@ pub fn desired_hpa(app: &App, id: &AppIdentity) -> Option<HorizontalPodAutoscale
                 ..MetricSpec::default()
             }]),
             behavior: None,
-        }),
+        },
         status: None,
     })
 }
@@ -135,7 +135,12 @@ fn show<T: std::fmt::Debug>(v: Option<T>) -> String {
     }
 }
 
-fn diff<T: PartialEq + std::fmt::Debug>(out: &mut Vec<Difference>, field: &'static str, observed: Option<T>, desired: Option<T>) {
+fn diff<T: PartialEq + std::fmt::Debug>(
+    out: &mut Vec<Difference>,
+    field: &'static str,
+    observed: Option<T>,
+    desired: Option<T>,
+) {
     if observed != desired {
         out.push(Difference { field, observed: show(observed), desired: show(desired) });
     }
@@ -144,7 +149,9 @@ fn diff<T: PartialEq + std::fmt::Debug>(out: &mut Vec<Difference>, field: &'stat
 /// Whether `observed` carries every label of `desired` with the same value.
 fn labels_cover(observed: Option<&BTreeMap<String, String>>, desired: Option<&BTreeMap<String, String>>) -> bool {
     let Some(desired) = desired else { return true };
-    let Some(observed) = observed else { return desired.is_empty() };
+    let Some(observed) = observed else {
+        return desired.is_empty();
+    };
     desired.iter().all(|(k, v)| observed.get(k) == Some(v))
 }
 
@@ -169,9 +176,10 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
         diff(&mut out, "spec.replicas", have.replicas, want.replicas);
     }
     let image = |d: &DeploymentSpec| {
-        d.template.spec.as_ref().and_then(|p| {
-            p.containers.iter().find(|c| c.name == names::CONTAINER_NAME).and_then(|c| c.image.clone())
-        })
+        d.template
+            .spec
+            .as_ref()
+            .and_then(|p| p.containers.iter().find(|c| c.name == names::CONTAINER_NAME).and_then(|c| c.image.clone()))
     };
     diff(&mut out, "spec.template.spec.containers[app].image", image(have), image(want));
     if !labels_cover(observed.metadata.labels.as_ref(), desired.metadata.labels.as_ref()) {
@@ -179,28 +187,39 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
     }
     let tmpl_labels = |d: &DeploymentSpec| d.template.metadata.as_ref().and_then(|m| m.labels.clone());
     if !labels_cover(tmpl_labels(have).as_ref(), tmpl_labels(want).as_ref()) {
-        out.push(Difference { field: "spec.template.metadata.labels", observed: "changed".into(), desired: "restored".into() });
+        out.push(Difference {
+            field: "spec.template.metadata.labels",
+            observed: "changed".into(),
+            desired: "restored".into(),
+        });
     }
-    if let Some(owner) = desired.metadata.owner_references.iter().flatten().next() {
-        if !owned_by(&observed.metadata, owner) {
-            out.push(Difference { field: "metadata.ownerReferences", observed: "missing".into(), desired: "App".into() });
-        }
+    if let Some(owner) = desired.metadata.owner_references.iter().flatten().next()
+        && !owned_by(&observed.metadata, owner)
+    {
+        out.push(Difference { field: "metadata.ownerReferences", observed: "missing".into(), desired: "App".into() });
     }
     out
 }
 
 /// The fields the operator owns on the HorizontalPodAutoscaler that differ from `desired`.
-pub fn hpa_differences(desired: &HorizontalPodAutoscaler, observed: Option<&HorizontalPodAutoscaler>) -> Vec<Difference> {
+pub fn hpa_differences(
+    desired: &HorizontalPodAutoscaler,
+    observed: Option<&HorizontalPodAutoscaler>,
+) -> Vec<Difference> {
     let mut out = Vec::new();
     let Some(observed) = observed else {
-        out.push(Difference { field: "horizontalPodAutoscaler", observed: "missing".into(), desired: "present".into() });
+        out.push(Difference {
+            field: "horizontalPodAutoscaler",
+            observed: "missing".into(),
+            desired: "present".into(),
+        });
         return out;
     };
-    let (want, have) = (desired.spec.as_ref(), observed.spec.as_ref());
-    diff(&mut out, "spec.minReplicas", have.and_then(|s| s.min_replicas), want.and_then(|s| s.min_replicas));
-    diff(&mut out, "spec.maxReplicas", have.map(|s| s.max_replicas), want.map(|s| s.max_replicas));
-    diff(&mut out, "spec.scaleTargetRef.name", have.map(|s| s.scale_target_ref.name.clone()), want.map(|s| s.scale_target_ref.name.clone()));
-    diff(&mut out, "spec.metrics", have.and_then(|s| s.metrics.clone()), want.and_then(|s| s.metrics.clone()));
+    let (want, have) = (&desired.spec, &observed.spec);
+    diff(&mut out, "spec.minReplicas", have.min_replicas, want.min_replicas);
+    diff(&mut out, "spec.maxReplicas", Some(have.max_replicas), Some(want.max_replicas));
+    diff(&mut out, "spec.scaleTargetRef.name", Some(&have.scale_target_ref.name), Some(&want.scale_target_ref.name));
+    diff(&mut out, "spec.metrics", have.metrics.as_ref(), want.metrics.as_ref());
     if !labels_cover(observed.metadata.labels.as_ref(), desired.metadata.labels.as_ref()) {
         out.push(Difference { field: "metadata.labels", observed: "changed".into(), desired: "restored".into() });
     }
@@ -250,7 +269,7 @@ mod tests {
         let (app, id) = app(None, Some(auto));
         assert_eq!(desired_deployment(&app, &id).spec.and_then(|s| s.replicas), None);
         let hpa = desired_hpa(&app, &id).expect("hpa");
-        let spec = hpa.spec.expect("spec");
+        let spec = hpa.spec;
         assert_eq!((spec.min_replicas, spec.max_replicas), (Some(2), 5));
         assert_eq!(spec.scale_target_ref.name, "checkout");
     }
@@ -272,7 +291,8 @@ mod tests {
         };
         let reimaged = {
             let mut d = desired.clone();
-            d.spec.as_mut().expect("spec").template.spec.as_mut().expect("pod").containers[0].image = Some("evil:latest".into());
+            d.spec.as_mut().expect("spec").template.spec.as_mut().expect("pod").containers[0].image =
+                Some("evil:latest".into());
             d
         };
         let extra_label = {

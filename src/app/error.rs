@@ -6,15 +6,37 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     #[error("App {namespace}/{name} cannot be read as a v1alpha1 App: {source}")]
-    InvalidApp { namespace: String, name: String, #[source] source: serde_json::Error },
+    InvalidApp {
+        namespace: String,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("App {namespace}/{name} has no uid yet")]
     NotStored { namespace: String, name: String },
     #[error("applying {kind} {namespace}/{name}: {source}")]
-    Apply { kind: &'static str, namespace: String, name: String, #[source] source: kube::Error },
+    Apply {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("deleting {kind} {namespace}/{name}: {source}")]
-    Delete { kind: &'static str, namespace: String, name: String, #[source] source: kube::Error },
+    Delete {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("writing status of App {namespace}/{name}: {source}")]
-    Status { namespace: String, name: String, #[source] source: kube::Error },
+    Status {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// How a failure is retried.
@@ -101,7 +123,12 @@ mod tests {
 
     fn api_error(code: u16) -> ReconcileError {
         let status = kube::core::Status::failure("x", "y").with_code(code);
-        ReconcileError::Apply { kind: "Deployment", namespace: "n".into(), name: "a".into(), source: kube::Error::Api(Box::new(status)) }
+        ReconcileError::Apply {
+            kind: "Deployment",
+            namespace: "n".into(),
+            name: "a".into(),
+            source: kube::Error::Api(Box::new(status)),
+        }
     }
 
     #[test]

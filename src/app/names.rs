@@ -37,10 +37,7 @@ pub fn image_ref(image: &str, version: &str) -> String {
 
 /// Immutable selector of the stable Deployment.
 pub fn stable_selector(app: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (LABEL_NAME.to_string(), app.to_string()),
-        (LABEL_TRACK.to_string(), "stable".to_string()),
-    ])
+    BTreeMap::from([(LABEL_NAME.to_string(), app.to_string()), (LABEL_TRACK.to_string(), "stable".to_string())])
 }
 
 /// Labels on the objects and pods of one App at one version.

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use tracing::{Span, field, info, instrument, warn};
 
 use super::context::Context;
-use super::desired::{AppIdentity, Difference, deployment_differences, desired_deployment, desired_hpa, hpa_differences};
+use super::desired::{
+    AppIdentity, Difference, deployment_differences, desired_deployment, desired_hpa, hpa_differences,
+};
 use super::error::{ReconcileError, retry_delay};
 use super::names::FIELD_MANAGER;
 use super::status::{Blocker, desired_status};
@@ -63,7 +65,14 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         Ok(app) => app,
         Err(source) => {
             let err = ReconcileError::InvalidApp { namespace, name, source };
-            ctx.publish(&obj.object_ref(&ctx.app_resource), EventType::Warning, "InvalidSpec", "Reconcile", err.to_string()).await;
+            ctx.publish(
+                &obj.object_ref(&ctx.app_resource),
+                EventType::Warning,
+                "InvalidSpec",
+                "Reconcile",
+                err.to_string(),
+            )
+            .await;
             return Err(err);
         }
     };
@@ -71,7 +80,8 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         // Owner references let the garbage collector remove the Deployment and HPA.
         return Ok(Action::await_change());
     }
-    let id = AppIdentity::of(&app).ok_or_else(|| ReconcileError::NotStored { namespace: namespace.clone(), name: name.clone() })?;
+    let id = AppIdentity::of(&app)
+        .ok_or_else(|| ReconcileError::NotStored { namespace: namespace.clone(), name: name.clone() })?;
     ctx.wait_for_caches().await;
 
     let app_ref = app.object_ref(&());
@@ -93,10 +103,10 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         }
     }
 
-    if failure.is_none() {
-        if let Err(e) = reconcile_hpa(&app, &id, ctx, spec_changed).await {
-            failure = Some(e);
-        }
+    if failure.is_none()
+        && let Err(e) = reconcile_hpa(&app, &id, ctx, spec_changed).await
+    {
+        failure = Some(e);
     }
 
     let blocker = failure.as_ref().map(|e| Blocker { reason: e.reason().to_string(), message: e.to_string() });
@@ -106,7 +116,11 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         let previous_phase = app.status.as_ref().and_then(|s| s.phase);
         write_status(ctx, &namespace, &name, &status).await?;
         if previous_phase != status.phase && status.phase == Some(AppPhase::Healthy) {
-            let note = format!("version {} is available with {} replicas", app.spec.version, status.ready.clone().unwrap_or_default());
+            let note = format!(
+                "version {} is available with {} replicas",
+                app.spec.version,
+                status.ready.clone().unwrap_or_default()
+            );
             ctx.publish(&app_ref, EventType::Normal, "Available", "Rollout", note).await;
         }
     }
@@ -132,22 +146,33 @@ async fn reconcile_hpa(app: &App, id: &AppIdentity, ctx: &Context, spec_changed:
             let diffs = hpa_differences(&wanted, observed.as_deref());
             if !diffs.is_empty() {
                 apply(&api, &name, &wanted, "HorizontalPodAutoscaler").await?;
-                ctx.report_change(&app_ref, "HorizontalPodAutoscaler", &name, observed.is_some(), spec_changed, &diffs).await;
+                ctx.report_change(&app_ref, "HorizontalPodAutoscaler", &name, observed.is_some(), spec_changed, &diffs)
+                    .await;
             }
         }
         None => {
-            let ours = observed
-                .as_deref()
-                .is_some_and(|h| h.owner_references().iter().any(|o| o.uid == id.owner.uid));
+            let ours = observed.as_deref().is_some_and(|h| h.owner_references().iter().any(|o| o.uid == id.owner.uid));
             if ours {
                 match api.delete(&name, &DeleteParams::background()).await {
                     Ok(_) => {
                         info!(namespace, hpa = name, "deleted HorizontalPodAutoscaler: autoscaling was turned off");
-                        ctx.publish(&app_ref, EventType::Normal, "Deleted", "Delete", format!("HorizontalPodAutoscaler {name}: autoscaling was turned off")).await;
+                        ctx.publish(
+                            &app_ref,
+                            EventType::Normal,
+                            "Deleted",
+                            "Delete",
+                            format!("HorizontalPodAutoscaler {name}: autoscaling was turned off"),
+                        )
+                        .await;
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(source) => {
-                        return Err(ReconcileError::Delete { kind: "HorizontalPodAutoscaler", namespace: namespace.clone(), name, source });
+                        return Err(ReconcileError::Delete {
+                            kind: "HorizontalPodAutoscaler",
+                            namespace: namespace.clone(),
+                            name,
+                            source,
+                        });
                     }
                 }
             }
@@ -160,17 +185,22 @@ async fn apply<K>(api: &Api<K>, name: &str, object: &K, kind: &'static str) -> R
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Debug,
 {
-    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object))
-        .await
-        .map_err(|source| ReconcileError::Apply {
+    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object)).await.map_err(|source| {
+        ReconcileError::Apply {
             kind,
             namespace: object.meta().namespace.clone().unwrap_or_default(),
             name: name.to_string(),
             source,
-        })
+        }
+    })
 }
 
-async fn write_status(ctx: &Context, namespace: &str, name: &str, status: &crate::api::AppStatus) -> Result<(), ReconcileError> {
+async fn write_status(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    status: &crate::api::AppStatus,
+) -> Result<(), ReconcileError> {
     let api: Api<App> = Api::namespaced(ctx.client.clone(), namespace);
     let patch = serde_json::json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "status": status});
     api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
@@ -180,26 +210,54 @@ async fn write_status(ctx: &Context, namespace: &str, name: &str, status: &crate
 }
 
 /// Text of the Event for a change: what was created, updated, or put back after drift.
-pub fn describe_change(kind: &str, name: &str, existed: bool, spec_changed: bool, diffs: &[Difference]) -> (&'static str, String) {
+pub fn describe_change(
+    kind: &str,
+    name: &str,
+    existed: bool,
+    spec_changed: bool,
+    diffs: &[Difference],
+) -> (&'static str, String) {
     let list = diffs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
     match (existed, spec_changed) {
         (false, _) => ("Created", format!("created {kind} {name}")),
         (true, true) => ("Updated", format!("updated {kind} {name}: {list}")),
-        (true, false) => ("DriftCorrected", format!("{kind} {name} was changed outside Flotilla and was put back: {list}")),
+        (true, false) => {
+            ("DriftCorrected", format!("{kind} {name} was changed outside Flotilla and was put back: {list}"))
+        }
     }
 }
 
 impl Context {
-    async fn report_change(&self, app: &k8s_openapi::api::core::v1::ObjectReference, kind: &str, name: &str, existed: bool, spec_changed: bool, diffs: &[Difference]) {
+    async fn report_change(
+        &self,
+        app: &k8s_openapi::api::core::v1::ObjectReference,
+        kind: &str,
+        name: &str,
+        existed: bool,
+        spec_changed: bool,
+        diffs: &[Difference],
+    ) {
         let (reason, note) = describe_change(kind, name, existed, spec_changed, diffs);
-        info!(namespace = app.namespace.as_deref().unwrap_or_default(), app = app.name.as_deref().unwrap_or_default(), reason, "{note}");
+        info!(
+            namespace = app.namespace.as_deref().unwrap_or_default(),
+            app = app.name.as_deref().unwrap_or_default(),
+            reason,
+            "{note}"
+        );
         if reason == "DriftCorrected" {
             self.metrics.drift_corrected(kind);
         }
         self.publish(app, EventType::Normal, reason, "Apply", note).await;
     }
 
-    pub(crate) async fn publish(&self, reference: &k8s_openapi::api::core::v1::ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
+    pub(crate) async fn publish(
+        &self,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let mut note = note;
         if note.len() > 1000 {
             let mut cut = 1000;
@@ -208,7 +266,8 @@ impl Context {
             }
             note.truncate(cut);
         }
-        let event = Event { type_, reason: reason.to_string(), note: Some(note), action: action.to_string(), secondary: None };
+        let event =
+            Event { type_, reason: reason.to_string(), note: Some(note), action: action.to_string(), secondary: None };
         if let Err(e) = self.recorder.publish(&event, reference).await {
             warn!(error = %e, reason, "could not record Event");
         }

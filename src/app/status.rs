@@ -62,7 +62,12 @@ pub fn readiness(app: &App, deployment: Option<&Deployment>) -> Readiness {
 
 /// The status to write. Equal to the App's current status when nothing changed, so the
 /// caller can skip the write.
-pub fn desired_status(app: &App, deployment: Option<&Deployment>, blocker: Option<&Blocker>, now: Timestamp) -> AppStatus {
+pub fn desired_status(
+    app: &App,
+    deployment: Option<&Deployment>,
+    blocker: Option<&Blocker>,
+    now: Timestamp,
+) -> AppStatus {
     let previous = app.status.clone().unwrap_or_default();
     let r = readiness(app, deployment);
     let version = &app.spec.version;
@@ -91,7 +96,8 @@ pub fn desired_status(app: &App, deployment: Option<&Deployment>, blocker: Optio
         ),
     };
     let observed_generation = app.metadata.generation;
-    let current_version = if r.complete && blocker.is_none() { Some(version.clone()) } else { previous.current_version.clone() };
+    let current_version =
+        if r.complete && blocker.is_none() { Some(version.clone()) } else { previous.current_version.clone() };
     AppStatus {
         observed_generation,
         current_version,

@@ -26,13 +26,21 @@ pub struct Settings {
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
     #[error("reading kubeconfig {path}: {source}")]
-    Kubeconfig { path: String, #[source] source: kube::config::KubeconfigError },
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
     #[error("loading the cluster configuration (in-cluster or $KUBECONFIG): {0}")]
     InferConfig(#[from] kube::config::InferConfigError),
     #[error("building the Kubernetes client: {0}")]
     Client(#[source] kube::Error),
     #[error("starting the admin server on {addr}: {source}")]
-    Admin { addr: SocketAddr, #[source] source: std::io::Error },
+    Admin {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Metrics(#[from] crate::telemetry::metrics::MetricsError),
 }

@@ -40,12 +40,12 @@ pub fn init(json: bool, service_name: &str) -> Result<TelemetryGuard, TelemetryE
     } else {
         None
     };
-    let otel = provider
-        .as_ref()
-        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("flotilla")));
+    let otel = provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("flotilla")));
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     if json {
-        registry.with(tracing_subscriber::fmt::layer().json().flatten_event(true).with_current_span(true)).try_init()?;
+        registry
+            .with(tracing_subscriber::fmt::layer().json().flatten_event(true).with_current_span(true))
+            .try_init()?;
     } else {
         registry.with(tracing_subscriber::fmt::layer()).try_init()?;
     }

@@ -31,11 +31,17 @@ impl Metrics {
             &["controller"],
         )?;
         let errors = IntCounterVec::new(
-            Opts::new("flotilla_reconcile_errors_total", "Failed reconciles by controller and error kind (conflict, refused, invalid, transient)."),
+            Opts::new(
+                "flotilla_reconcile_errors_total",
+                "Failed reconciles by controller and error kind (conflict, refused, invalid, transient).",
+            ),
             &["controller", "kind"],
         )?;
         let drift_corrections = IntCounterVec::new(
-            Opts::new("flotilla_drift_corrections_total", "Managed objects put back after someone changed them, by kind."),
+            Opts::new(
+                "flotilla_drift_corrections_total",
+                "Managed objects put back after someone changed them, by kind.",
+            ),
             &["kind"],
         )?;
         registry.register(Box::new(reconciles.clone()))?;

@@ -6,7 +6,7 @@
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, Config, CustomResourceExt};
+use kube::{Client, Config};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -66,7 +66,7 @@ pub async fn admin_client() -> Client {
 /// they are established.
 pub async fn install_crds(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [flotilla::api::App::crd()] {
+    for crd in flotilla::api::crds() {
         let name = crd.metadata.name.clone().expect("crd name");
         crds.patch(&name, &PatchParams::apply("flotilla-tests").force(), &Patch::Apply(&crd))
             .await
@@ -76,11 +76,8 @@ pub async fn install_crds(client: &Client) {
             let name = name.clone();
             async move {
                 let crd = crds.get(&name).await.ok()?;
-                let established = crd
-                    .status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
+                let established =
+                    crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True");
                 established.then_some(())
             }
         })
@@ -113,14 +110,21 @@ pub struct TestNamespace {
 
 impl TestNamespace {
     pub async fn create(client: &Client, prefix: &str) -> Self {
-        let suffix: u32 = std::process::id() ^ (Instant::now().elapsed().subsec_nanos())
-            ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0));
+        let suffix: u32 = std::process::id()
+            ^ (Instant::now().elapsed().subsec_nanos())
+            ^ (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0));
         let name = format!("{prefix}-{:06x}", suffix & 0xff_ffff);
         let ns = Namespace {
             metadata: kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() },
             ..Default::default()
         };
-        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("creating test namespace");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("creating test namespace");
         wait_for(Duration::from_secs(30), "default ServiceAccount", || {
             let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
             async move { sa.get_opt("default").await.ok().flatten() }
