@@ -66,7 +66,11 @@ up() {
       --kwok-controller-binary "$KWOK_BIN/kwok" \
       --extra-args kube-apiserver=advertise-address=127.0.0.1 \
       --kube-authorization=true \
-      --wait 3m "$@"
+      --wait 3m "$@" >"$KWOK_WORKDIR/create-$name.log" 2>&1 || {
+        cat "$KWOK_WORKDIR/create-$name.log" >&2
+        echo "error: kwokctl could not start cluster '$name'; logs: $KWOK_WORKDIR/clusters/$name/logs/" >&2
+        exit 1
+      }
   fi
   nodes_yaml | kubectl --kubeconfig "$kubeconfig" apply -f - >/dev/null
   kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready node --all --timeout=120s >/dev/null
