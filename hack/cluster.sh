@@ -66,7 +66,7 @@ up() {
       --kwok-controller-binary "$KWOK_BIN/kwok" \
       --extra-args kube-apiserver=advertise-address=127.0.0.1 \
       --kube-authorization=true \
-      --wait 3m "$@" >"$KWOK_WORKDIR/create-$name.log" 2>&1 || {
+      --wait 3m "$@" >"$KWOK_WORKDIR/create-$name.log" 2>&1 8>&- || {
         cat "$KWOK_WORKDIR/create-$name.log" >&2
         echo "error: kwokctl could not start cluster '$name'; logs: $KWOK_WORKDIR/clusters/$name/logs/" >&2
         exit 1
