@@ -26,13 +26,16 @@ cargo fmt --check
 cargo clippy --locked --all-targets -- -D warnings
 
 step "one version of each kube crate"
-dups=$(cargo tree --locked -d -e normal,build --prefix none 2>/dev/null | grep -E '^(kube|kube-client|kube-core|kube-runtime|kube-derive|k8s-openapi) v' || true)
+dups=$(cargo tree --locked -d --depth 0 --prefix none -e normal,build 2>/dev/null \
+  | awk '{print $1, $2}' | sort -u \
+  | grep -E '^(kube|kube-client|kube-core|kube-runtime|kube-derive|k8s-openapi) ' || true)
 if [ -n "$dups" ]; then
   echo "error: more than one version of a kube crate in the dependency graph:" >&2
   echo "$dups" >&2
   echo "fix with: cargo update -p <crate>@<newer> --precise <older>" >&2
   exit 1
 fi
+echo "ok: one version each of kube, kube-client, kube-core, kube-runtime, kube-derive, k8s-openapi"
 
 step "unit and end-to-end tests"
 cargo test --locked --all-targets
