@@ -47,6 +47,20 @@ NODE
   done
 }
 
+# Audit only what the operator's ServiceAccounts do: tests read it to prove who wrote what.
+audit_policy() {
+  cat >"$KWOK_WORKDIR/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts:flotilla-system"]
+  - level: None
+POLICY
+  echo "$KWOK_WORKDIR/audit-policy.yaml"
+}
+
 up() {
   local start; start=$(date +%s.%N)
   bash "$here/build-control-plane.sh"
@@ -66,6 +80,7 @@ up() {
       --kwok-controller-binary "$KWOK_BIN/kwok" \
       --extra-args kube-apiserver=advertise-address=127.0.0.1 \
       --kube-authorization=true \
+      --kube-audit-policy "$(audit_policy)" \
       --wait 3m "$@" >"$KWOK_WORKDIR/create-$name.log" 2>&1 8>&- || {
         cat "$KWOK_WORKDIR/create-$name.log" >&2
         echo "error: kwokctl could not start cluster '$name'; logs: $KWOK_WORKDIR/clusters/$name/logs/" >&2
@@ -95,6 +110,7 @@ case "$cmd" in
   up) up "$@" ;;
   down) down ;;
   env) echo "export KUBECONFIG=$kubeconfig" ;;
+  audit-log) echo "$KWOK_WORKDIR/clusters/$name/logs/audit.log" ;;
   kubeconfig) echo "$kubeconfig" ;;
   *) echo "usage: $0 up|down|env|kubeconfig [NAME] [kwokctl flags]" >&2; exit 2 ;;
 esac

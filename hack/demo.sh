@@ -76,8 +76,10 @@ for i in $(seq 0 $((REPLICAS - 1))); do
   echo ">> operator replica flotilla-$i ready: metrics on http://127.0.0.1:$((9460 + i))/metrics, log $DEMO/operator-$i.log"
 done
 
-echo ">> sample Apps"
-kubectl create namespace demo --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+echo ">> sample Tenant (onboards namespace demo) and Apps"
+kubectl apply -f deploy/samples/tenant.yaml
+kubectl wait --for=condition=Ready tenant/shop --timeout=120s >/dev/null
+kubectl get tenants
 kubectl apply -f deploy/samples/app.yaml
 kubectl -n demo wait --for=jsonpath='{.status.phase}'=Healthy app/checkout --timeout=120s >/dev/null
 kubectl -n demo get apps

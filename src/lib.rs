@@ -5,3 +5,5 @@ pub mod app;
 pub mod cli;
 pub mod operator;
 pub mod telemetry;
+pub mod tenancy;
+pub mod watch_cache;

@@ -43,6 +43,10 @@ fn main() -> ExitCode {
                     namespace: args.namespace,
                     admin_addr: args.admin_addr,
                     replica_id: replica_id(args.replica_id),
+                    identity: flotilla::tenancy::OperatorIdentity {
+                        namespace: args.operator_namespace,
+                        service_account: args.service_account,
+                    },
                 };
                 match flotilla::operator::run(settings).await {
                     Ok(()) => ExitCode::SUCCESS,

@@ -2,8 +2,12 @@
 
 pub mod app;
 pub mod conditions;
+pub mod tenant;
 
 pub use app::{App, AppPhase, AppSpec, AppStatus, Autoscaling};
+pub use tenant::{
+    NamespaceState, NamespaceStatus, Subject, SubjectKind, Tenant, TenantQuota, TenantSpec, TenantStatus,
+};
 
 use kube::CustomResourceExt;
 
@@ -12,7 +16,7 @@ pub const GROUP: &str = "flotilla.dev";
 
 /// Every CRD Flotilla serves.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
-    vec![App::crd()]
+    vec![App::crd(), Tenant::crd()]
 }
 
 /// The CRDs as one multi-document YAML stream, exactly as checked in under `crds/`.

@@ -6,15 +6,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::{Controller, watcher};
 use kube::{Client, Resource};
-use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tokio::sync::watch;
 use tracing::{debug, info};
 
 use super::context::{Caches, Context};
@@ -22,6 +19,7 @@ use super::names;
 use super::reconcile::{error_policy, reconcile};
 use crate::api::App;
 use crate::telemetry::Metrics;
+use crate::watch_cache::cache;
 
 /// Which namespaces this replica serves.
 #[derive(Clone, Debug)]
@@ -43,49 +41,6 @@ impl Scope {
             Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
         }
     }
-}
-
-/// Drops what the operator never reads from cached objects: managed fields and the
-/// last-applied annotation are most of a Deployment's size.
-fn slim<K: Resource>(obj: &mut K) {
-    obj.meta_mut().managed_fields = None;
-    if let Some(a) = obj.meta_mut().annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
-/// Turns true once a watch stream has delivered its first complete list. Kept as a
-/// `watch` channel because any number of reconciles may wait on it at once (a reflector
-/// store's own readiness future wakes only one waiter).
-pub fn synced_flag() -> (watch::Sender<bool>, watch::Receiver<bool>) {
-    watch::channel(false)
-}
-
-/// A cache of the objects of one kind, the stream of changes that feeds it, and a flag
-/// that turns true once the cache holds its first full list.
-fn cache<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    dyntype: K::DynamicType,
-) -> (Store<K>, watch::Receiver<bool>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    let writer = reflector::store::Writer::new(dyntype);
-    let reader = writer.as_reader();
-    let (synced_tx, synced_rx) = synced_flag();
-    let stream = watcher(api, config)
-        .default_backoff()
-        .modify(slim::<K>)
-        .inspect(move |event| {
-            if let Ok(watcher::Event::InitDone) = event {
-                synced_tx.send_replace(true);
-            }
-        })
-        .reflect(writer)
-        .touched_objects();
-    (reader, synced_rx, stream)
 }
 
 /// The controller's context and the two watch streams that fill its caches. The streams

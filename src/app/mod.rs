@@ -4,6 +4,7 @@ pub mod context;
 pub mod controller;
 pub mod desired;
 pub mod error;
+pub mod guard;
 pub mod names;
 pub mod reconcile;
 pub mod status;

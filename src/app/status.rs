@@ -60,6 +60,19 @@ pub fn readiness(app: &App, deployment: Option<&Deployment>) -> Readiness {
     Readiness { desired, ready, complete }
 }
 
+/// The message of the Deployment's `ReplicaFailure` condition (for example an exceeded
+/// ResourceQuota), when pods cannot be created.
+pub fn replica_failure(deployment: Option<&Deployment>) -> Option<String> {
+    deployment?
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+        .map(|c| c.message.clone().unwrap_or_else(|| c.reason.clone().unwrap_or_default()))
+}
+
 /// The status to write. Equal to the App's current status when nothing changed, so the
 /// caller can skip the write.
 pub fn desired_status(
@@ -83,6 +96,20 @@ pub fn desired_status(
                 status: true,
                 reason: "Available".into(),
                 message: format!("version {version} is available with {}/{} replicas ready", r.ready, r.desired),
+            },
+        ),
+        (None, false) if replica_failure(deployment).is_some() => (
+            AppPhase::Progressing,
+            DesiredCondition {
+                type_: READY,
+                status: false,
+                reason: "ReplicaFailure".into(),
+                message: format!(
+                    "rolling out version {version}: {}/{} replicas ready; pods cannot be created: {}",
+                    r.ready,
+                    r.desired,
+                    replica_failure(deployment).unwrap_or_default()
+                ),
             },
         ),
         (None, false) => (
@@ -169,6 +196,21 @@ mod tests {
         assert_eq!(s.phase, Some(AppPhase::Degraded));
         assert_eq!(s.current_version.as_deref(), Some("1"));
         assert_eq!(s.conditions[0].reason, "Forbidden");
+    }
+
+    #[test]
+    fn replica_failure_is_explained() {
+        let a = app();
+        let mut d = deployment(&a, 2, 2, 2);
+        d.status.as_mut().expect("status").conditions = Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
+            type_: "ReplicaFailure".into(),
+            status: "True".into(),
+            message: Some("pods \"web-1\" is forbidden: exceeded quota: flotilla-tenant".into()),
+            ..Default::default()
+        }]);
+        let s = desired_status(&a, Some(&d), None, Timestamp::from_second(1).expect("ts"));
+        assert_eq!(s.conditions[0].reason, "ReplicaFailure");
+        assert!(s.conditions[0].message.contains("exceeded quota"), "{}", s.conditions[0].message);
     }
 
     #[test]

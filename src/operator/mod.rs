@@ -13,6 +13,7 @@ use tracing::info;
 
 use crate::app::controller::{Scope, app_controller};
 use crate::telemetry::Metrics;
+use crate::tenancy::OperatorIdentity;
 
 /// Settings of one replica, from the command line.
 #[derive(Clone, Debug)]
@@ -21,6 +22,8 @@ pub struct Settings {
     pub namespace: Option<String>,
     pub admin_addr: SocketAddr,
     pub replica_id: String,
+    /// The operator's namespace and ServiceAccount, named in onboarding RoleBindings.
+    pub identity: OperatorIdentity,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -95,18 +98,48 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         .map_err(|source| OperatorError::Admin { addr: settings.admin_addr, source })?;
     info!(%addr, replica = settings.replica_id, "admin server listening (/metrics, /healthz, /readyz)");
 
-    let scope = match &settings.namespace {
-        Some(ns) => Scope::Namespace(ns.clone()),
-        None => Scope::All,
-    };
     let reporter = Reporter { controller: "flotilla".into(), instance: Some(settings.replica_id.clone()) };
-    let apps = app_controller(client, scope, reporter, metrics, ready, stopped(stop_rx.clone()));
-    let apps = tokio::spawn(apps);
+    let mut tasks = Vec::new();
+    match &settings.namespace {
+        // Single-namespace mode: the operator was given rights in this namespace directly.
+        Some(ns) => {
+            let scope = Scope::Namespace(ns.clone());
+            tasks.push(tokio::spawn(app_controller(client, scope, reporter, metrics, ready, stopped(stop_rx.clone()))));
+        }
+        // Tenancy mode: onboard Tenants, serve the namespaces they onboarded, explain the rest.
+        None => {
+            let (served_tx, served_rx) = watch::channel(Default::default());
+            tasks.push(tokio::spawn(crate::tenancy::controller::tenant_controller(
+                client.clone(),
+                settings.identity.clone(),
+                reporter.clone(),
+                metrics.clone(),
+                stopped(stop_rx.clone()),
+            )));
+            tasks.push(tokio::spawn(crate::app::guard::guard(
+                client.clone(),
+                reporter.clone(),
+                metrics.clone(),
+                served_rx,
+                stopped(stop_rx.clone()),
+            )));
+            tasks.push(tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
+                client,
+                reporter,
+                metrics,
+                served_tx,
+                ready,
+                stop_rx.clone(),
+            )));
+        }
+    }
 
     termination().await;
     info!("termination requested; stopping controllers");
     let _ = stop_tx.send(true);
-    let _ = apps.await;
+    for task in tasks {
+        let _ = task.await;
+    }
     let _ = admin.await;
     info!("stopped");
     Ok(())

@@ -1,6 +1,8 @@
 //! Prometheus metrics of the operator, in one registry served on `/metrics`.
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
 use std::time::Duration;
 
 /// Every metric the operator exports. Names follow Prometheus conventions: units in the
@@ -12,6 +14,8 @@ pub struct Metrics {
     reconcile_duration: HistogramVec,
     errors: IntCounterVec,
     drift_corrections: IntCounterVec,
+    namespaces_served: IntGauge,
+    apps_not_onboarded: IntCounter,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,11 +48,29 @@ impl Metrics {
             ),
             &["kind"],
         )?;
+        let namespaces_served = IntGauge::new(
+            "flotilla_namespaces_served",
+            "Onboarded namespaces this replica runs an App controller for.",
+        )?;
+        let apps_not_onboarded = IntCounter::new(
+            "flotilla_apps_not_onboarded_total",
+            "Apps found in a namespace no Tenant onboarded (marked NamespaceNotOnboarded, not acted on).",
+        )?;
+        registry.register(Box::new(namespaces_served.clone()))?;
+        registry.register(Box::new(apps_not_onboarded.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(reconcile_duration.clone()))?;
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(drift_corrections.clone()))?;
-        Ok(Self { registry, reconciles, reconcile_duration, errors, drift_corrections })
+        Ok(Self {
+            registry,
+            reconciles,
+            reconcile_duration,
+            errors,
+            drift_corrections,
+            namespaces_served,
+            apps_not_onboarded,
+        })
     }
 
     pub fn reconciled(&self, controller: &str, took: Duration, error_kind: Option<&str>) {
@@ -62,6 +84,14 @@ impl Metrics {
 
     pub fn drift_corrected(&self, kind: &str) {
         self.drift_corrections.with_label_values(&[kind]).inc();
+    }
+
+    pub fn namespaces_served(&self, n: usize) {
+        self.namespaces_served.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn app_not_onboarded(&self) {
+        self.apps_not_onboarded.inc();
     }
 
     /// The registry in Prometheus' text exposition format.

@@ -163,16 +163,25 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts `flotilla run` serving only `namespace`, and waits until it is ready.
+    /// Starts `flotilla run` serving only `namespace` (single-namespace mode, admin
+    /// credentials), and waits until it is ready.
     pub async fn start(namespace: &str) -> Self {
+        Self::start_with(kubeconfig(), &["--namespace", namespace], &format!("e2e-{namespace}")).await
+    }
+
+    /// Starts `flotilla run` with the given kubeconfig and extra arguments, and waits until it
+    /// is ready. Its log goes to the temp dir, named after `id`.
+    pub async fn start_with(kubeconfig: &Path, args: &[&str], id: &str) -> Self {
         let port = free_port();
-        let log = std::env::temp_dir().join(format!("flotilla-e2e-{namespace}.log"));
+        let log = std::env::temp_dir().join(format!("flotilla-e2e-{id}.log"));
         let log_file = std::fs::File::create(&log).expect("operator log file");
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["run", "--namespace", namespace, "--admin-addr", &format!("127.0.0.1:{port}")])
+            .arg("run")
+            .args(args)
+            .args(["--admin-addr", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
-            .arg(kubeconfig())
-            .args(["--replica-id", &format!("e2e-{namespace}")])
+            .arg(kubeconfig)
+            .args(["--replica-id", id])
             .env("RUST_LOG", "info,flotilla=debug")
             .stdout(log_file.try_clone().expect("log"))
             .stderr(log_file)
@@ -192,6 +201,76 @@ impl Operator {
     pub async fn metrics(&self) -> String {
         http_get(&self.admin, "/metrics").await.map(|(_, body)| body).unwrap_or_default()
     }
+}
+
+/// Runs kubectl as admin against the test cluster; panics with its output when it fails.
+pub fn kubectl_ok(args: &[&str]) -> String {
+    let out = std::process::Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .args(args)
+        .output()
+        .expect("running kubectl");
+    assert!(out.status.success(), "kubectl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Runs kubectl as admin and returns (success, stdout + stderr).
+pub fn kubectl_try(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .args(args)
+        .output()
+        .expect("running kubectl");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The operator's namespace, ServiceAccount and exactly the roles of rbac/, as an install would.
+pub fn install_operator_rbac() {
+    let root = repo_root();
+    kubectl_ok(&["apply", "-f", &root.join("deploy/base/namespace.yaml").display().to_string()]);
+    kubectl_ok(&["apply", "-k", &root.join("rbac").display().to_string()]);
+}
+
+/// A kubeconfig that authenticates as the operator's ServiceAccount with a TokenRequest token.
+pub fn operator_kubeconfig() -> PathBuf {
+    install_operator_rbac();
+    let token = kubectl_ok(&["-n", "flotilla-system", "create", "token", "flotilla", "--duration=2h"]);
+    let admin = std::fs::read_to_string(kubeconfig()).expect("admin kubeconfig");
+    let server =
+        admin.lines().find_map(|l| l.trim().strip_prefix("server: ")).expect("server in kubeconfig").to_string();
+    let ca = admin
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("certificate-authority: "))
+        .expect("certificate-authority in kubeconfig")
+        .to_string();
+    let path = std::env::temp_dir().join(format!("flotilla-operator-{}.kubeconfig", std::process::id()));
+    let body = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster: {{server: \"{server}\", certificate-authority: \"{ca}\"}}\n\
+         users:\n- name: flotilla\n  user: {{token: \"{}\"}}\ncontexts:\n- name: flotilla\n  context: {{cluster: local, user: flotilla}}\n\
+         current-context: flotilla\n",
+        token.trim()
+    );
+    std::fs::write(&path, body).expect("writing operator kubeconfig");
+    path
+}
+
+/// The test cluster's audit log (requests by ServiceAccounts of flotilla-system).
+pub fn audit_log() -> PathBuf {
+    let out = std::process::Command::new("bash")
+        .arg(repo_root().join("hack/cluster.sh"))
+        .args(["audit-log", TEST_CLUSTER])
+        .output()
+        .expect("locating the audit log");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Audit events (parsed JSON lines) whose request URI touches `namespace`.
+pub fn audit_events_in(namespace: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(audit_log()).unwrap_or_default();
+    let needle = format!("/namespaces/{namespace}/");
+    text.lines().filter(|l| l.contains(&needle)).filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 
 fn free_port() -> u16 {

@@ -1,0 +1,9 @@
+//! Tenants: onboarding and offboarding of namespaces with namespaced RBAC and quotas, and the
+//! set of namespaces the App controller may serve because of it.
+
+pub mod controller;
+pub mod desired;
+pub mod reconcile;
+pub mod served;
+
+pub use desired::OperatorIdentity;

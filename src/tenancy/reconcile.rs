@@ -1,0 +1,328 @@
+//! The Tenant reconciler: onboard listed namespaces, offboard the ones that left, report
+//! per-namespace state. Every write is an idempotent server-side apply or a delete.
+
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, ResourceQuota};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::Store;
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{Span, field, info, instrument, warn};
+
+use super::desired::{
+    ADMIN_BINDING, Claim, FINALIZER, LABEL_TENANT, OPERATOR_BINDING, OperatorIdentity, QUOTA, admin_binding,
+    desired_namespace, namespace_owner, operator_binding, quota, refusal, tenant_name, tenant_status, to_offboard,
+};
+use crate::api::{NamespaceState, NamespaceStatus, Tenant};
+use crate::app::names::FIELD_MANAGER;
+use crate::telemetry::Metrics;
+
+/// Controller name used in metrics and Events.
+pub const CONTROLLER: &str = "tenant";
+/// How often a Tenant with a namespace in Conflict or Error is looked at again.
+const RECHECK: Duration = Duration::from_secs(30);
+
+/// Handed to every Tenant reconcile.
+pub struct TenantContext {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub operator: OperatorIdentity,
+    /// Every Tenant, for ownership decisions.
+    pub tenants: Store<Tenant>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error("{action} {kind} {namespace}/{name}: {source}")]
+    Api {
+        action: &'static str,
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing status of Tenant {name}: {source}")]
+    Status {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("finalizer of Tenant {name}: {message}")]
+    Finalizer { name: String, message: String },
+}
+
+impl TenantError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Api { source: kube::Error::Api(s), .. } | Self::Status { source: kube::Error::Api(s), .. } => {
+                match s.code {
+                    409 => "conflict",
+                    403 | 404 => "refused",
+                    _ => "transient",
+                }
+            }
+            _ => "transient",
+        }
+    }
+}
+
+#[instrument(skip_all, fields(tenant = field::Empty, result = field::Empty))]
+pub async fn reconcile(tenant: Arc<Tenant>, ctx: Arc<TenantContext>) -> Result<Action, TenantError> {
+    let name = tenant.name_any();
+    Span::current().record("tenant", &name);
+    let started = Instant::now();
+    let api: Api<Tenant> = Api::all(ctx.client.clone());
+    let result = finalizer(&api, FINALIZER, tenant, |event| async {
+        match event {
+            Finalizer::Apply(t) => onboard(&t, &ctx).await,
+            Finalizer::Cleanup(t) => offboard_all(&t, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => TenantError::Finalizer { name: name.clone(), message: other.to_string() },
+    });
+    ctx.metrics.reconciled(CONTROLLER, started.elapsed(), result.as_ref().err().map(TenantError::kind));
+    Span::current().record("result", if result.is_ok() { "ok" } else { "error" });
+    result
+}
+
+pub fn error_policy(tenant: Arc<Tenant>, err: &TenantError, _ctx: Arc<TenantContext>) -> Action {
+    warn!(tenant = tenant.name_any(), error = %err, "tenant reconcile failed");
+    match err.kind() {
+        "conflict" => Action::requeue(Duration::from_millis(50)),
+        _ => Action::requeue(Duration::from_secs(10)),
+    }
+}
+
+fn claims(ctx: &TenantContext) -> Vec<Claim> {
+    ctx.tenants.state().iter().map(|t| Claim::of(t)).collect()
+}
+
+async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantError> {
+    let me = tenant_name(tenant);
+    let claims = claims(ctx);
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let mut states = Vec::new();
+    for ns in &tenant.spec.namespaces {
+        let existing = match namespaces.get_opt(ns).await {
+            Ok(n) => n,
+            Err(source) => {
+                let err = TenantError::Api {
+                    action: "reading",
+                    kind: "Namespace",
+                    namespace: String::new(),
+                    name: ns.clone(),
+                    source,
+                };
+                states.push(NamespaceStatus {
+                    name: ns.clone(),
+                    state: NamespaceState::Error,
+                    message: err.to_string(),
+                });
+                continue;
+            }
+        };
+        let label = existing.as_ref().and_then(|n| n.labels().get(LABEL_TENANT).cloned());
+        let owner = namespace_owner(ns, &claims, label.as_deref()).or(Some(me.as_str()));
+        if let Some(refused) = refusal(ns, &me, owner, &ctx.operator) {
+            states.push(refused);
+            continue;
+        }
+        let state = match onboard_namespace(tenant, ns, existing.is_some(), ctx).await {
+            Ok(()) => NamespaceStatus {
+                name: ns.clone(),
+                state: NamespaceState::Onboarded,
+                message: format!("Flotilla manages Apps here through RoleBinding {OPERATOR_BINDING}"),
+            },
+            Err(e) => NamespaceStatus { name: ns.clone(), state: NamespaceState::Error, message: e.to_string() },
+        };
+        states.push(state);
+    }
+    for ns in to_offboard(tenant) {
+        let state = match offboard_namespace(tenant, &ns, ctx).await {
+            Ok(()) => NamespaceStatus {
+                name: ns.clone(),
+                state: NamespaceState::Offboarded,
+                message: offboarded_message(tenant),
+            },
+            Err(e) => NamespaceStatus { name: ns.clone(), state: NamespaceState::Error, message: e.to_string() },
+        };
+        states.push(state);
+    }
+
+    let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
+    let status = tenant_status(tenant, states, now);
+    let reference = tenant.object_ref(&());
+    let previous = tenant.status.clone().unwrap_or_default();
+    for ns in &status.namespaces {
+        let before = previous.namespaces.iter().find(|p| p.name == ns.name).map(|p| p.state);
+        if before != Some(ns.state) {
+            let (type_, reason) = match ns.state {
+                NamespaceState::Onboarded => (EventType::Normal, "Onboarded"),
+                NamespaceState::Offboarded => (EventType::Normal, "Offboarded"),
+                NamespaceState::Conflict => (EventType::Warning, "Conflict"),
+                NamespaceState::Error => (EventType::Warning, "OnboardingFailed"),
+                NamespaceState::Pending => (EventType::Normal, "Pending"),
+            };
+            info!(tenant = me, namespace = ns.name, reason, "{}", ns.message);
+            publish(ctx, &reference, type_, reason, format!("namespace {}: {}", ns.name, ns.message)).await;
+        }
+    }
+    let unsettled =
+        status.namespaces.iter().any(|n| matches!(n.state, NamespaceState::Conflict | NamespaceState::Error));
+    if tenant.status.as_ref() != Some(&status) {
+        let api: Api<Tenant> = Api::all(ctx.client.clone());
+        let patch = serde_json::json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "status": status});
+        api.patch_status(&me, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+            .await
+            .map_err(|source| TenantError::Status { name: me.clone(), source })?;
+    }
+    Ok(if unsettled { Action::requeue(RECHECK) } else { Action::await_change() })
+}
+
+fn offboarded_message(tenant: &Tenant) -> String {
+    if tenant.spec.delete_namespaces_on_removal {
+        "offboarded: Flotilla's access was removed and the namespace deleted (deleteNamespacesOnRemoval)".into()
+    } else {
+        "offboarded: Flotilla's access was removed; the namespace and its workloads were left in place".into()
+    }
+}
+
+async fn onboard_namespace(tenant: &Tenant, ns: &str, exists: bool, ctx: &TenantContext) -> Result<(), TenantError> {
+    let me = tenant_name(tenant);
+    if !exists {
+        let api: Api<Namespace> = Api::all(ctx.client.clone());
+        match api.create(&PostParams::default(), &desired_namespace(ns, &me)).await {
+            Ok(_) => info!(tenant = me, namespace = ns, "created namespace"),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(source) => {
+                return Err(TenantError::Api {
+                    action: "creating",
+                    kind: "Namespace",
+                    namespace: String::new(),
+                    name: ns.into(),
+                    source,
+                });
+            }
+        }
+    }
+    let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), ns);
+    apply(&bindings, OPERATOR_BINDING, &operator_binding(ns, &me, &ctx.operator), "RoleBinding").await?;
+    match admin_binding(ns, tenant) {
+        Some(b) => apply(&bindings, ADMIN_BINDING, &b, "RoleBinding").await?,
+        None => delete(&bindings, ADMIN_BINDING, "RoleBinding").await?,
+    }
+    let quotas: Api<ResourceQuota> = Api::namespaced(ctx.client.clone(), ns);
+    match quota(ns, tenant) {
+        Some(q) => apply(&quotas, QUOTA, &q, "ResourceQuota").await?,
+        None => delete(&quotas, QUOTA, "ResourceQuota").await?,
+    }
+    Ok(())
+}
+
+/// Removes the operator's (and the admins') access to a namespace; deletes the namespace only
+/// when the tenant asks for it.
+async fn offboard_namespace(tenant: &Tenant, ns: &str, ctx: &TenantContext) -> Result<(), TenantError> {
+    let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), ns);
+    delete(&bindings, OPERATOR_BINDING, "RoleBinding").await?;
+    delete(&bindings, ADMIN_BINDING, "RoleBinding").await?;
+    let quotas: Api<ResourceQuota> = Api::namespaced(ctx.client.clone(), ns);
+    delete(&quotas, QUOTA, "ResourceQuota").await?;
+    if tenant.spec.delete_namespaces_on_removal {
+        let api: Api<Namespace> = Api::all(ctx.client.clone());
+        delete(&api, ns, "Namespace").await?;
+    }
+    info!(tenant = tenant_name(tenant), namespace = ns, "offboarded namespace");
+    Ok(())
+}
+
+/// On deletion of a Tenant: offboard every namespace it owns. Objects already gone count as
+/// cleaned up, so a finalizer whose namespaces were deleted by hand completes.
+async fn offboard_all(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantError> {
+    let me = tenant_name(tenant);
+    let claims = claims(ctx);
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let mut candidates: Vec<String> = tenant.spec.namespaces.clone();
+    for n in tenant.status.iter().flat_map(|s| s.namespaces.iter()) {
+        if n.state == NamespaceState::Onboarded && !candidates.contains(&n.name) {
+            candidates.push(n.name.clone());
+        }
+    }
+    let reference = tenant.object_ref(&());
+    for ns in candidates {
+        let label = match namespaces.get_opt(&ns).await {
+            Ok(Some(n)) => n.labels().get(LABEL_TENANT).cloned(),
+            Ok(None) => continue,
+            Err(source) => {
+                return Err(TenantError::Api {
+                    action: "reading",
+                    kind: "Namespace",
+                    namespace: String::new(),
+                    name: ns,
+                    source,
+                });
+            }
+        };
+        let owner = namespace_owner(&ns, &claims, label.as_deref()).unwrap_or(me.as_str());
+        if owner != me || refusal(&ns, &me, Some(owner), &ctx.operator).is_some() {
+            continue;
+        }
+        offboard_namespace(tenant, &ns, ctx).await?;
+        publish(
+            ctx,
+            &reference,
+            EventType::Normal,
+            "Offboarded",
+            format!("namespace {ns}: {}", offboarded_message(tenant)),
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}
+
+async fn apply<K>(api: &Api<K>, name: &str, object: &K, kind: &'static str) -> Result<(), TenantError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object)).await.map(|_| ()).map_err(
+        |source| TenantError::Api {
+            action: "applying",
+            kind,
+            namespace: object.meta().namespace.clone().unwrap_or_default(),
+            name: name.into(),
+            source,
+        },
+    )
+}
+
+async fn delete<K>(api: &Api<K>, name: &str, kind: &'static str) -> Result<(), TenantError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => {
+            Err(TenantError::Api { action: "deleting", kind, namespace: String::new(), name: name.into(), source })
+        }
+    }
+}
+
+async fn publish(ctx: &TenantContext, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+    let event = Event { type_, reason: reason.into(), note: Some(note), action: "Onboard".into(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+        warn!(error = %e, reason, "could not record Event");
+    }
+}

@@ -1,0 +1,159 @@
+//! Which namespaces the App controller serves: those a Tenant reports as onboarded. One App
+//! controller (with its own namespaced watches) runs per served namespace, because the
+//! operator has no cluster-wide right on workloads.
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::info;
+
+use crate::api::{NamespaceState, Tenant};
+use crate::app::controller::{Scope, app_controller};
+use crate::telemetry::Metrics;
+use crate::watch_cache::cache;
+
+/// Namespaces some Tenant reports as onboarded. Pure.
+pub fn served_namespaces<'a>(tenants: impl IntoIterator<Item = &'a Tenant>) -> BTreeSet<String> {
+    tenants
+        .into_iter()
+        .filter(|t| t.metadata.deletion_timestamp.is_none())
+        .flat_map(|t| t.status.iter().flat_map(|s| s.namespaces.iter()))
+        .filter(|n| n.state == NamespaceState::Onboarded)
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+/// What to start and stop to go from `running` to `wanted`. Pure.
+pub fn changes(running: &BTreeSet<String>, wanted: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
+    (wanted.difference(running).cloned().collect(), running.difference(wanted).cloned().collect())
+}
+
+struct NamespaceWorker {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Starts an App controller for each newly served namespace and stops those no longer served.
+fn converge_workers(
+    workers: &mut BTreeMap<String, NamespaceWorker>,
+    wanted: &BTreeSet<String>,
+    client: &Client,
+    reporter: &Reporter,
+    metrics: &Metrics,
+) {
+    let running: BTreeSet<String> = workers.keys().cloned().collect();
+    let (start, stop) = changes(&running, wanted);
+    for ns in stop {
+        if let Some(w) = workers.remove(&ns) {
+            info!(namespace = ns, "no longer onboarded; stopping its App controller");
+            let _ = w.stop.send(true);
+            tokio::spawn(async move {
+                let _ = w.task.await;
+            });
+        }
+    }
+    for ns in start {
+        info!(namespace = ns, "onboarded; starting its App controller");
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let run = app_controller(
+            client.clone(),
+            Scope::Namespace(ns.clone()),
+            reporter.clone(),
+            metrics.clone(),
+            Arc::new(AtomicBool::new(false)),
+            async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            },
+        );
+        workers.insert(ns, NamespaceWorker { stop: stop_tx, task: tokio::spawn(run) });
+    }
+    metrics.namespaces_served(workers.len());
+}
+
+/// Runs one App controller per served namespace until `shutdown`, and publishes the served
+/// set (for the guard that explains to Apps elsewhere why nothing happens). `ready` turns
+/// true once the Tenant cache is synced.
+pub async fn serve_onboarded_namespaces(
+    client: Client,
+    reporter: Reporter,
+    metrics: Metrics,
+    served_tx: watch::Sender<BTreeSet<String>>,
+    ready: Arc<AtomicBool>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let (tenants, mut synced, events) = cache::<Tenant>(Api::all(client.clone()), watcher::Config::default(), ());
+    let mut events = std::pin::pin!(events);
+    let mut workers: BTreeMap<String, NamespaceWorker> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            event = events.next() => {
+                if event.is_none() { break; }
+            }
+            changed = synced.changed() => {
+                if changed.is_err() { break; }
+            }
+        }
+        if !*synced.borrow_and_update() {
+            continue;
+        }
+        ready.store(true, Ordering::SeqCst);
+        let wanted = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
+        converge_workers(&mut workers, &wanted, &client, &reporter, &metrics);
+        served_tx.send_if_modified(|current| {
+            if *current != wanted {
+                *current = wanted;
+                true
+            } else {
+                false
+            }
+        });
+    }
+    for (_, w) in workers {
+        let _ = w.stop.send(true);
+        let _ = w.task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{NamespaceStatus, TenantSpec, TenantStatus};
+
+    fn tenant(states: &[(&str, NamespaceState)]) -> Tenant {
+        let mut t = Tenant::new(
+            "t",
+            TenantSpec { namespaces: vec![], admins: vec![], quota: None, delete_namespaces_on_removal: false },
+        );
+        t.status = Some(TenantStatus {
+            namespaces: states
+                .iter()
+                .map(|(n, s)| NamespaceStatus { name: n.to_string(), state: *s, message: String::new() })
+                .collect(),
+            ..TenantStatus::default()
+        });
+        t
+    }
+
+    #[test]
+    fn only_onboarded_namespaces_are_served() {
+        let a = tenant(&[("a1", NamespaceState::Onboarded), ("a2", NamespaceState::Conflict)]);
+        let b = tenant(&[("b1", NamespaceState::Offboarded), ("b2", NamespaceState::Onboarded)]);
+        let served = served_namespaces([&a, &b]);
+        assert_eq!(served.into_iter().collect::<Vec<_>>(), vec!["a1", "b2"]);
+    }
+
+    #[test]
+    fn start_and_stop_sets() {
+        let running: BTreeSet<String> = ["a", "b"].map(String::from).into();
+        let wanted: BTreeSet<String> = ["b", "c"].map(String::from).into();
+        assert_eq!(changes(&running, &wanted), (vec!["c".to_string()], vec!["a".to_string()]));
+    }
+}
