@@ -43,6 +43,13 @@ fn main() -> ExitCode {
                     namespace: args.namespace,
                     admin_addr: args.admin_addr,
                     replica_id: replica_id(args.replica_id),
+                    sharding: flotilla::sharding::manager::ShardSettings {
+                        shards: args.shards,
+                        lease_duration: args.lease_duration,
+                        renew_deadline: args.renew_deadline.min(args.lease_duration),
+                        renew_interval: (args.lease_duration / 3).max(std::time::Duration::from_millis(100)),
+                        ..Default::default()
+                    },
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,

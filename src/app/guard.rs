@@ -9,7 +9,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{Controller, watcher};
 use kube::{Client, Resource, ResourceExt};
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::watch;
@@ -20,6 +19,7 @@ use super::names::FIELD_MANAGER;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::{App, AppPhase, AppStatus};
 use crate::telemetry::Metrics;
+use crate::tenancy::served::Ownership;
 
 /// Reason on the Ready condition of an App in a namespace no Tenant onboarded.
 pub const NOT_ONBOARDED: &str = "NamespaceNotOnboarded";
@@ -29,7 +29,7 @@ struct GuardContext {
     recorder: Recorder,
     metrics: Metrics,
     app_resource: kube::api::ApiResource,
-    served: watch::Receiver<BTreeSet<String>>,
+    ownership: watch::Receiver<Ownership>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,8 +66,12 @@ pub fn not_onboarded_status(app: &App, now: Timestamp) -> Option<AppStatus> {
 
 async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Action, GuardError> {
     let namespace = obj.namespace().unwrap_or_default();
-    if ctx.served.borrow().contains(&namespace) {
-        return Ok(Action::await_change());
+    {
+        let ownership = ctx.ownership.borrow();
+        // Another replica answers for namespaces outside our shards; served ones are fine.
+        if !ownership.owns(&namespace) || ownership.served.contains(&namespace) {
+            return Ok(Action::await_change());
+        }
     }
     let started = Instant::now();
     let Ok(app) = serde_json::to_value(obj.as_ref()).and_then(serde_json::from_value::<App>) else {
@@ -113,12 +117,12 @@ pub async fn guard(
     client: Client,
     reporter: Reporter,
     metrics: Metrics,
-    served: watch::Receiver<BTreeSet<String>>,
+    ownership: watch::Receiver<Ownership>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let app_resource = kube::api::ApiResource::erase::<App>(&());
     let api = apps_api(&client, &Scope::All);
-    let changes = futures::stream::unfold(served.clone(), |mut rx| async move {
+    let changes = futures::stream::unfold(ownership.clone(), |mut rx| async move {
         rx.changed().await.ok()?;
         Some(((), rx))
     });
@@ -127,7 +131,7 @@ pub async fn guard(
         client,
         metrics,
         app_resource: app_resource.clone(),
-        served,
+        ownership,
     });
     Controller::new_with(api, watcher::Config::default(), app_resource)
         .reconcile_all_on(changes)

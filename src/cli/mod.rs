@@ -40,7 +40,42 @@ pub struct RunArgs {
     /// ServiceAccount the operator runs as; onboarding binds it in each tenant namespace.
     #[arg(long, env = "FLOTILLA_SERVICE_ACCOUNT", default_value = "flotilla")]
     pub service_account: String,
+    /// Number of shards namespaces are hashed into; the same on every replica.
+    #[arg(long, env = "FLOTILLA_SHARDS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub shards: u32,
+    /// How long a shard Lease stays valid without renewal.
+    #[arg(long, env = "FLOTILLA_LEASE_DURATION", default_value = "6s", value_parser = parse_duration)]
+    pub lease_duration: std::time::Duration,
+    /// Stop work in a shard not renewed for this long (shorter than the lease duration).
+    #[arg(long, env = "FLOTILLA_RENEW_DEADLINE", default_value = "4s", value_parser = parse_duration)]
+    pub renew_deadline: std::time::Duration,
     /// Log as JSON lines.
     #[arg(long, env = "FLOTILLA_LOG_JSON")]
     pub log_json: bool,
+}
+
+/// Parses `500ms`, `6s` or `2m`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}: expected for example 500ms, 6s or 2m"))?;
+    match unit {
+        "ms" => Ok(std::time::Duration::from_millis(n)),
+        "s" => Ok(std::time::Duration::from_secs(n)),
+        "m" => Ok(std::time::Duration::from_secs(n * 60)),
+        _ => Err(format!("invalid duration unit in {s:?}: use ms, s or m")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(std::time::Duration::from_millis(500)));
+        assert_eq!(parse_duration("6s"), Ok(std::time::Duration::from_secs(6)));
+        assert_eq!(parse_duration("2m"), Ok(std::time::Duration::from_secs(120)));
+        assert!(parse_duration("6h").is_err());
+        assert!(parse_duration("x").is_err());
+    }
 }

@@ -12,8 +12,14 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::app::controller::{Scope, app_controller};
+use crate::sharding::leases::Leases;
+use crate::sharding::manager::{ShardChannels, ShardSettings, run_shard_manager};
+use crate::sharding::singleton::run_singleton;
 use crate::telemetry::Metrics;
 use crate::tenancy::OperatorIdentity;
+use crate::tenancy::controller::tenant_controller;
+use crate::tenancy::served::ServedChannels;
+use std::time::Duration;
 
 /// Settings of one replica, from the command line.
 #[derive(Clone, Debug)]
@@ -24,6 +30,7 @@ pub struct Settings {
     pub replica_id: String,
     /// The operator's namespace and ServiceAccount, named in onboarding RoleBindings.
     pub identity: OperatorIdentity,
+    pub sharding: ShardSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +56,7 @@ pub enum OperatorError {
 }
 
 async fn client(settings: &Settings) -> Result<Client, OperatorError> {
-    let config = match &settings.kubeconfig {
+    let mut config = match &settings.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .map_err(|source| OperatorError::Kubeconfig { path: path.display().to_string(), source })?;
@@ -59,6 +66,11 @@ async fn client(settings: &Settings) -> Result<Client, OperatorError> {
         }
         None => Config::infer().await?,
     };
+    // Every write of this replica can be told apart in an apiserver audit log.
+    let agent = format!("flotilla/{} ({})", env!("CARGO_PKG_VERSION"), settings.replica_id);
+    if let Ok(value) = http::HeaderValue::from_str(&agent) {
+        config.headers.push((http::header::USER_AGENT, value));
+    }
     Client::try_from(config).map_err(OperatorError::Client)
 }
 
@@ -106,28 +118,59 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             let scope = Scope::Namespace(ns.clone());
             tasks.push(tokio::spawn(app_controller(client, scope, reporter, metrics, ready, stopped(stop_rx.clone()))));
         }
-        // Tenancy mode: onboard Tenants, serve the namespaces they onboarded, explain the rest.
+        // Tenancy mode, sharded: the singleton replica onboards Tenants; every replica serves
+        // the onboarded namespaces of the shards it holds and explains the rest.
         None => {
-            let (served_tx, served_rx) = watch::channel(Default::default());
-            tasks.push(tokio::spawn(crate::tenancy::controller::tenant_controller(
+            let (held_tx, held_rx) = watch::channel(Default::default());
+            let (working_tx, working_rx) = watch::channel(Default::default());
+            let (ownership_tx, ownership_rx) = watch::channel(Default::default());
+            let leases = Leases::new(
                 client.clone(),
-                settings.identity.clone(),
-                reporter.clone(),
+                &settings.identity.namespace,
+                &settings.replica_id,
+                settings.sharding.lease_duration,
+            );
+            tasks.push(tokio::spawn(run_shard_manager(
+                leases,
+                settings.replica_id.clone(),
+                settings.sharding,
+                ShardChannels { held_tx, working_rx },
                 metrics.clone(),
-                stopped(stop_rx.clone()),
+                stop_rx.clone(),
             )));
+            let (tenant_client, identity, tenant_reporter, tenant_metrics) =
+                (client.clone(), settings.identity.clone(), reporter.clone(), metrics.clone());
+            tasks.push(tokio::spawn({
+                let client = client.clone();
+                let namespace = settings.identity.namespace.clone();
+                let me = settings.replica_id.clone();
+                let shutdown = stop_rx.clone();
+                async move {
+                    run_singleton(client, &namespace, &me, Duration::from_secs(15), shutdown, move |stop| {
+                        tenant_controller(
+                            tenant_client.clone(),
+                            identity.clone(),
+                            tenant_reporter.clone(),
+                            tenant_metrics.clone(),
+                            stopped(stop),
+                        )
+                    })
+                    .await
+                }
+            }));
             tasks.push(tokio::spawn(crate::app::guard::guard(
                 client.clone(),
                 reporter.clone(),
                 metrics.clone(),
-                served_rx,
+                ownership_rx,
                 stopped(stop_rx.clone()),
             )));
             tasks.push(tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
                 client,
                 reporter,
                 metrics,
-                served_tx,
+                settings.sharding.shards,
+                ServedChannels { held_rx, working_tx, ownership_tx },
                 ready,
                 stop_rx.clone(),
             )));

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the operator, in one registry served on `/metrics`.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 use std::time::Duration;
 
@@ -16,6 +16,9 @@ pub struct Metrics {
     drift_corrections: IntCounterVec,
     namespaces_served: IntGauge,
     apps_not_onboarded: IntCounter,
+    shards_held: IntGauge,
+    lease_events: IntCounterVec,
+    seconds_since_renew: Gauge,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +59,21 @@ impl Metrics {
             "flotilla_apps_not_onboarded_total",
             "Apps found in a namespace no Tenant onboarded (marked NamespaceNotOnboarded, not acted on).",
         )?;
+        let shards_held = IntGauge::new("flotilla_shards_held", "Shard Leases this replica holds.")?;
+        let lease_events = IntCounterVec::new(
+            Opts::new(
+                "flotilla_lease_transitions_total",
+                "Shard Lease transitions of this replica (acquired, lost, released).",
+            ),
+            &["event"],
+        )?;
+        let seconds_since_renew = Gauge::new(
+            "flotilla_lease_seconds_since_renew",
+            "Longest time since this replica last renewed one of its shard Leases.",
+        )?;
+        registry.register(Box::new(shards_held.clone()))?;
+        registry.register(Box::new(lease_events.clone()))?;
+        registry.register(Box::new(seconds_since_renew.clone()))?;
         registry.register(Box::new(namespaces_served.clone()))?;
         registry.register(Box::new(apps_not_onboarded.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
@@ -70,6 +88,9 @@ impl Metrics {
             drift_corrections,
             namespaces_served,
             apps_not_onboarded,
+            shards_held,
+            lease_events,
+            seconds_since_renew,
         })
     }
 
@@ -88,6 +109,15 @@ impl Metrics {
 
     pub fn namespaces_served(&self, n: usize) {
         self.namespaces_served.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn shards_held(&self, n: usize, seconds_since_renew: f64) {
+        self.shards_held.set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.seconds_since_renew.set(seconds_since_renew);
+    }
+
+    pub fn lease_event(&self, event: &str) {
+        self.lease_events.with_label_values(&[event]).inc();
     }
 
     pub fn app_not_onboarded(&self) {

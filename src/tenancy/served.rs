@@ -16,6 +16,7 @@ use tracing::info;
 
 use crate::api::{NamespaceState, Tenant};
 use crate::app::controller::{Scope, app_controller};
+use crate::sharding::shard_of;
 use crate::telemetry::Metrics;
 use crate::watch_cache::cache;
 
@@ -41,7 +42,7 @@ struct NamespaceWorker {
 }
 
 /// Starts an App controller for each newly served namespace and stops those no longer served.
-fn converge_workers(
+async fn converge_workers(
     workers: &mut BTreeMap<String, NamespaceWorker>,
     wanted: &BTreeSet<String>,
     client: &Client,
@@ -52,11 +53,12 @@ fn converge_workers(
     let (start, stop) = changes(&running, wanted);
     for ns in stop {
         if let Some(w) = workers.remove(&ns) {
-            info!(namespace = ns, "no longer onboarded; stopping its App controller");
+            // Cancels in-flight reconciles and drops the namespace's watches at once: the shard
+            // may be about to belong to another replica.
+            info!(namespace = ns, "no longer served here (offboarded or shard gone); stopping its App controller");
             let _ = w.stop.send(true);
-            tokio::spawn(async move {
-                let _ = w.task.await;
-            });
+            w.task.abort();
+            let _ = w.task.await;
         }
     }
     for ns in start {
@@ -77,17 +79,43 @@ fn converge_workers(
     metrics.namespaces_served(workers.len());
 }
 
-/// Runs one App controller per served namespace until `shutdown`, and publishes the served
-/// set (for the guard that explains to Apps elsewhere why nothing happens). `ready` turns
-/// true once the Tenant cache is synced.
+/// What this replica may act on: the shards it holds, and the onboarded namespaces in them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ownership {
+    pub shards: u32,
+    pub held: BTreeSet<u32>,
+    pub served: BTreeSet<String>,
+}
+
+impl Ownership {
+    /// Whether this replica answers for `namespace` at all (its shard is held here).
+    pub fn owns(&self, namespace: &str) -> bool {
+        self.held.contains(&shard_of(namespace, self.shards))
+    }
+}
+
+/// Channels of the supervisor.
+pub struct ServedChannels {
+    /// Shards this replica holds (from the shard manager).
+    pub held_rx: watch::Receiver<BTreeSet<u32>>,
+    /// Shards whose work is running (to the shard manager, which releases a Lease only after).
+    pub working_tx: watch::Sender<BTreeSet<u32>>,
+    /// What this replica owns (to the guard).
+    pub ownership_tx: watch::Sender<Ownership>,
+}
+
+/// Runs one App controller per served namespace (onboarded, in a held shard) until
+/// `shutdown`. `ready` turns true once the Tenant cache is synced.
 pub async fn serve_onboarded_namespaces(
     client: Client,
     reporter: Reporter,
     metrics: Metrics,
-    served_tx: watch::Sender<BTreeSet<String>>,
+    shards: u32,
+    channels: ServedChannels,
     ready: Arc<AtomicBool>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let ServedChannels { mut held_rx, working_tx, ownership_tx } = channels;
     let (tenants, mut synced, events) = cache::<Tenant>(Api::all(client.clone()), watcher::Config::default(), ());
     let mut events = std::pin::pin!(events);
     let mut workers: BTreeMap<String, NamespaceWorker> = BTreeMap::new();
@@ -100,16 +128,26 @@ pub async fn serve_onboarded_namespaces(
             changed = synced.changed() => {
                 if changed.is_err() { break; }
             }
+            changed = held_rx.changed() => {
+                if changed.is_err() { break; }
+            }
         }
         if !*synced.borrow_and_update() {
             continue;
         }
         ready.store(true, Ordering::SeqCst);
-        let wanted = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
-        converge_workers(&mut workers, &wanted, &client, &reporter, &metrics);
-        served_tx.send_if_modified(|current| {
-            if *current != wanted {
-                *current = wanted;
+        let held = held_rx.borrow_and_update().clone();
+        let wanted: BTreeSet<String> = served_namespaces(tenants.state().iter().map(|t| t.as_ref()))
+            .into_iter()
+            .filter(|ns| held.contains(&shard_of(ns, shards)))
+            .collect();
+        converge_workers(&mut workers, &wanted, &client, &reporter, &metrics).await;
+        let working: BTreeSet<u32> = workers.keys().map(|ns| shard_of(ns, shards)).collect();
+        working_tx.send_replace(working);
+        let ownership = Ownership { shards, held, served: wanted };
+        ownership_tx.send_if_modified(|current| {
+            if *current != ownership {
+                *current = ownership;
                 true
             } else {
                 false
@@ -120,6 +158,7 @@ pub async fn serve_onboarded_namespaces(
         let _ = w.stop.send(true);
         let _ = w.task.await;
     }
+    working_tx.send_replace(BTreeSet::new());
 }
 
 #[cfg(test)]

@@ -1,0 +1,204 @@
+//! Shard and membership Leases, written with compare-and-swap: every update carries the
+//! resourceVersion that was read, so of two replicas racing for one Lease exactly one wins
+//! (the other gets 409 Conflict). This is client-go's leader-election algorithm per shard.
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use std::collections::BTreeMap;
+
+/// Label that tells shard Leases and membership Leases apart from any other Lease.
+pub const LABEL_LEASE: &str = "flotilla.dev/lease";
+
+pub fn shard_lease_name(shard: u32) -> String {
+    format!("flotilla-shard-{shard}")
+}
+
+/// The shard number of a shard Lease's name.
+pub fn shard_of_lease(name: &str) -> Option<u32> {
+    name.strip_prefix("flotilla-shard-")?.parse().ok()
+}
+
+/// Membership Lease of a replica; the replica id is reduced to a valid object name.
+pub fn member_lease_name(replica: &str) -> String {
+    let clean: String = replica
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '-' })
+        .collect();
+    let clean = clean.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_string();
+    format!("flotilla-member-{}", &clean[..clean.len().min(200)])
+}
+
+pub fn holder(lease: &Lease) -> Option<&str> {
+    lease.spec.as_ref()?.holder_identity.as_deref().filter(|h| !h.is_empty())
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{action} Lease {name}: {source}")]
+pub struct LeaseError {
+    pub action: &'static str,
+    pub name: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// Reads and writes the operator's Leases in its own namespace.
+#[derive(Clone)]
+pub struct Leases {
+    api: Api<Lease>,
+    me: String,
+    duration_secs: i32,
+}
+
+fn now() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+impl Leases {
+    pub fn new(client: Client, namespace: &str, me: &str, duration: std::time::Duration) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            me: me.to_string(),
+            duration_secs: i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX),
+        }
+    }
+
+    /// Every shard and membership Lease, in one request.
+    pub async fn list(&self) -> Result<Vec<Lease>, LeaseError> {
+        self.api.list(&ListParams::default().labels(LABEL_LEASE)).await.map(|l| l.items).map_err(|source| LeaseError {
+            action: "listing",
+            name: "*".into(),
+            source,
+        })
+    }
+
+    fn fresh(&self, name: &str, kind: &str) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([(LABEL_LEASE.to_string(), kind.to_string())])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.me.clone()),
+                lease_duration_seconds: Some(self.duration_secs),
+                acquire_time: Some(now()),
+                renew_time: Some(now()),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    /// Creates the Lease, or replaces the version that was read. `Ok(None)` when another
+    /// replica wrote first (409): the caller lost the race and must not act as holder.
+    async fn write(
+        &self,
+        name: &str,
+        kind: &str,
+        read: Option<&Lease>,
+        edit: impl FnOnce(&mut LeaseSpec),
+    ) -> Result<Option<Lease>, LeaseError> {
+        let result = match read {
+            None => {
+                let mut lease = self.fresh(name, kind);
+                if let Some(spec) = lease.spec.as_mut() {
+                    edit(spec);
+                }
+                self.api.create(&PostParams::default(), &lease).await
+            }
+            Some(existing) => {
+                let mut lease = existing.clone();
+                lease.metadata.managed_fields = None;
+                let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+                edit(spec);
+                // metadata.resourceVersion is kept from the read: the update is a compare-and-swap.
+                self.api.replace(name, &PostParams::default(), &lease).await
+            }
+        };
+        match result {
+            Ok(lease) => Ok(Some(lease)),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+            Err(source) => Err(LeaseError { action: "writing", name: name.into(), source }),
+        }
+    }
+
+    /// Takes a shard Lease that is free or expired (as judged by the caller).
+    pub async fn acquire(&self, shard: u32, read: Option<&Lease>) -> Result<Option<Lease>, LeaseError> {
+        let me = self.me.clone();
+        let duration = self.duration_secs;
+        let taken_from_other = read.and_then(holder).is_some_and(|h| h != me);
+        self.write(&shard_lease_name(shard), "shard", read, |spec| {
+            spec.holder_identity = Some(me);
+            spec.lease_duration_seconds = Some(duration);
+            spec.acquire_time = Some(now());
+            spec.renew_time = Some(now());
+            if taken_from_other || read.is_some() {
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            }
+        })
+        .await
+    }
+
+    /// Renews a Lease this replica holds, from the version it last wrote.
+    pub async fn renew(&self, held: &Lease) -> Result<Option<Lease>, LeaseError> {
+        let name = held.metadata.name.clone().unwrap_or_default();
+        let kind =
+            held.metadata.labels.as_ref().and_then(|l| l.get(LABEL_LEASE).cloned()).unwrap_or_else(|| "shard".into());
+        self.write(&name, &kind, Some(held), |spec| spec.renew_time = Some(now())).await
+    }
+
+    /// Gives a shard Lease back so that a peer can take it at once.
+    pub async fn release(&self, held: &Lease) -> Result<(), LeaseError> {
+        let name = held.metadata.name.clone().unwrap_or_default();
+        self.write(&name, "shard", Some(held), |spec| {
+            spec.holder_identity = None;
+            spec.acquire_time = None;
+            spec.renew_time = None;
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Creates or renews this replica's membership Lease (no contention: one writer).
+    pub async fn heartbeat(&self, last: Option<&Lease>) -> Result<Option<Lease>, LeaseError> {
+        let name = member_lease_name(&self.me);
+        match self.write(&name, "member", last, |spec| spec.renew_time = Some(now())).await? {
+            Some(l) => Ok(Some(l)),
+            // Our cached version was stale (for example after a restart with the same id): re-read once.
+            None => {
+                let current = self.api.get_opt(&name).await.map_err(|source| LeaseError {
+                    action: "reading",
+                    name: name.clone(),
+                    source,
+                })?;
+                self.write(&name, "member", current.as_ref(), |spec| {
+                    spec.holder_identity = Some(self.me.clone());
+                    spec.renew_time = Some(now());
+                })
+                .await
+            }
+        }
+    }
+
+    /// Removes this replica's membership Lease on shutdown.
+    pub async fn leave(&self) {
+        let _ = self.api.delete(&member_lease_name(&self.me), &DeleteParams::default()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(shard_lease_name(7), "flotilla-shard-7");
+        assert_eq!(shard_of_lease("flotilla-shard-31"), Some(31));
+        assert_eq!(shard_of_lease("flotilla-member-x"), None);
+        assert_eq!(member_lease_name("Host_1:42"), "flotilla-member-host-1-42");
+    }
+}

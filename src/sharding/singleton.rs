@@ -1,0 +1,78 @@
+//! Cluster-wide singleton work (the Tenant controller) on one replica, elected with
+//! kube-leader-election's LeaseLock.
+//!
+//! That crate acquires and renews with merge patches without a resourceVersion precondition
+//! and judges expiry by comparing its wall clock with a renewTime written by another
+//! machine, so for a moment two replicas can both believe they lead. That is harmless here:
+//! the Tenant controller's writes are idempotent server-side applies of the same desired
+//! objects, and its deletes tolerate 404. It would not be harmless for shard ownership,
+//! where two owners would reconcile one App at once; shards use the compare-and-swap
+//! Leases of `leases.rs` instead.
+
+use kube::Client;
+use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+/// Name of the singleton Lease in the operator's namespace.
+pub const SINGLETON_LEASE: &str = "flotilla-singleton";
+
+/// Runs `work` (given a stop signal) while this replica leads; steps down on `shutdown`.
+pub async fn run_singleton<W, F>(
+    client: Client,
+    namespace: &str,
+    me: &str,
+    ttl: Duration,
+    mut shutdown: watch::Receiver<bool>,
+    work: W,
+) where
+    W: Fn(watch::Receiver<bool>) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let lock = LeaseLock::new(
+        client,
+        namespace,
+        LeaseLockParams { holder_id: me.to_string(), lease_name: SINGLETON_LEASE.to_string(), lease_ttl: ttl },
+    );
+    let mut running: Option<(watch::Sender<bool>, JoinHandle<()>)> = None;
+    let mut tick = tokio::time::interval(ttl / 3);
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            _ = tick.tick() => {}
+        }
+        let leading = match lock.try_acquire_or_renew().await {
+            Ok(LeaseLockResult::Acquired(_)) => true,
+            Ok(LeaseLockResult::NotAcquired(_)) => false,
+            Err(e) => {
+                warn!(error = %e, "singleton election failed; keeping the current role until the Lease expires");
+                running.is_some()
+            }
+        };
+        match (leading, running.is_some()) {
+            (true, false) => {
+                info!("elected for singleton work (Tenant controller)");
+                let (stop_tx, stop_rx) = watch::channel(false);
+                running = Some((stop_tx, tokio::spawn(work(stop_rx))));
+            }
+            (false, true) => {
+                info!("no longer elected; stopping singleton work");
+                if let Some((stop, task)) = running.take() {
+                    let _ = stop.send(true);
+                    let _ = task.await;
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some((stop, task)) = running.take() {
+        let _ = stop.send(true);
+        let _ = task.await;
+        if let Err(e) = lock.step_down().await {
+            warn!(error = %e, "could not step down from the singleton Lease");
+        }
+    }
+}
