@@ -1,0 +1,210 @@
+//! End to end, replicas as separate processes authenticated as the operator's ServiceAccount,
+//! with the apiserver audit log on: every shard held once and balanced; kill -9 of a replica
+//! hands its shards over and its Apps still converge; SIGTERM hands off at once and the
+//! stopped replica writes nothing after releasing; a new replica gets its share.
+
+mod support;
+
+use flotilla::api::{App, AppPhase, NamespaceState, Tenant};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use support::{Operator, admin_client, audit_log, install_crds, operator_kubeconfig, wait_for};
+
+const SHARDS: u32 = 32;
+
+fn unique(prefix: &str) -> String {
+    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{prefix}-{:05x}", (n ^ std::process::id()) & 0xfffff)
+}
+
+/// Holder of every shard Lease (None when free).
+async fn holders(client: &Client) -> BTreeMap<u32, Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "flotilla-system");
+    let list = leases.list(&ListParams::default().labels("flotilla.dev/lease=shard")).await.expect("leases");
+    list.items
+        .into_iter()
+        .filter_map(|l| {
+            let shard = l.metadata.name.as_deref()?.strip_prefix("flotilla-shard-")?.parse().ok()?;
+            Some((shard, l.spec.and_then(|s| s.holder_identity).filter(|h| !h.is_empty())))
+        })
+        .collect()
+}
+
+fn counts(h: &BTreeMap<u32, Option<String>>) -> BTreeMap<String, usize> {
+    let mut c = BTreeMap::new();
+    for holder in h.values().flatten() {
+        *c.entry(holder.clone()).or_insert(0) += 1;
+    }
+    c
+}
+
+/// Waits until every shard is held by one of `replicas` with shares within one of each other.
+async fn wait_balanced(client: &Client, replicas: &[&str], timeout: Duration) -> Duration {
+    let start = Instant::now();
+    wait_for(timeout, &format!("{SHARDS} shards balanced over {replicas:?}"), || async {
+        let h = holders(client).await;
+        let c = counts(&h);
+        let all_held =
+            (0..SHARDS).all(|s| h.get(&s).cloned().flatten().is_some_and(|o| replicas.contains(&o.as_str())));
+        let (min, max) = (
+            replicas.iter().map(|r| c.get(*r).copied().unwrap_or(0)).min().unwrap_or(0),
+            replicas.iter().map(|r| c.get(*r).copied().unwrap_or(0)).max().unwrap_or(0),
+        );
+        (all_held && max - min <= 1).then_some(())
+    })
+    .await;
+    start.elapsed()
+}
+
+/// Sum over replicas of the shards each believes it holds (from its metrics).
+async fn believed_held(ops: &[&Operator]) -> i64 {
+    let mut total = 0;
+    for op in ops {
+        let m = op.metrics().await;
+        total += m
+            .lines()
+            .find_map(|l| l.strip_prefix("flotilla_shards_held "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0) as i64;
+    }
+    total
+}
+
+async fn bump_all(client: &Client, namespaces: &[String], version: &str) {
+    for ns in namespaces {
+        let apps: Api<App> = Api::namespaced(client.clone(), ns);
+        apps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": version}})))
+            .await
+            .expect("bump");
+    }
+}
+
+async fn wait_all_at(client: &Client, namespaces: &[String], version: &str, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    for ns in namespaces {
+        let apps: Api<App> = Api::namespaced(client.clone(), ns);
+        wait_for(timeout, &format!("App {ns}/web Healthy at {version}"), || async {
+            let s = apps.get("web").await.ok()?.status?;
+            (s.phase == Some(AppPhase::Healthy) && s.current_version.as_deref() == Some(version)).then_some(())
+        })
+        .await;
+    }
+    start.elapsed()
+}
+
+fn signal(op: &Operator, sig: &str) {
+    let pid = op.child.id().expect("pid").to_string();
+    let status = std::process::Command::new("kill").args([sig, &pid]).status().expect("kill");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_fail_over_hand_off_and_rebalance() {
+    let client = admin_client().await;
+    install_crds(&client).await;
+    let kubeconfig = operator_kubeconfig();
+    // Start from a clean slate: Leases left by operators of other test binaries.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "flotilla-system");
+    let _ =
+        leases.delete_collection(&DeleteParams::default(), &ListParams::default().labels("flotilla.dev/lease")).await;
+
+    let tenant = unique("ten-shard");
+    let namespaces: Vec<String> = (0..8).map(|i| format!("{tenant}-ns{i}")).collect();
+    let t: Tenant = serde_json::from_value(json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": tenant},
+        "spec": {"namespaces": namespaces},
+    }))
+    .expect("tenant");
+    Api::<Tenant>::all(client.clone()).create(&PostParams::default(), &t).await.expect("tenant");
+
+    let args = ["--shards", "32"];
+    let a = Operator::start_with(&kubeconfig, &args, "shard-a").await;
+    let b = Operator::start_with(&kubeconfig, &args, "shard-b").await;
+    let mut c = Operator::start_with(&kubeconfig, &args, "shard-c").await;
+
+    // 1. Steady state: every shard held exactly once, balanced within one, and no replica
+    //    believes it holds more than the Leases say.
+    let took = wait_balanced(&client, &["shard-a", "shard-b", "shard-c"], Duration::from_secs(60)).await;
+    println!("3 replicas balanced {:?} after start: {:?}", counts(&holders(&client).await), took);
+    wait_for(Duration::from_secs(10), "replicas' own view adds up to 32", || async {
+        (believed_held(&[&a, &b, &c]).await == i64::from(SHARDS)).then_some(())
+    })
+    .await;
+
+    let tenants: Api<Tenant> = Api::all(client.clone());
+    wait_for(Duration::from_secs(60), "all namespaces onboarded", || async {
+        let s = tenants.get(&tenant).await.ok()?.status?;
+        (s.namespaces.iter().filter(|n| n.state == NamespaceState::Onboarded).count() == namespaces.len()).then_some(())
+    })
+    .await;
+    for ns in &namespaces {
+        let app: App = serde_json::from_value(json!({
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "metadata": {"name": "web", "namespace": ns},
+            "spec": {"image": "registry.example.com/shop/web", "version": "1", "replicas": 1},
+        }))
+        .expect("app");
+        Api::<App>::namespaced(client.clone(), ns).create(&PostParams::default(), &app).await.expect("app");
+    }
+    wait_all_at(&client, &namespaces, "1", Duration::from_secs(60)).await;
+
+    // 2. kill -9 of one replica: its shards are taken over and its Apps still converge.
+    drop(a); // kill_on_drop sends SIGKILL
+    let killed = Instant::now();
+    bump_all(&client, &namespaces, "2").await;
+    let converged = wait_all_at(&client, &namespaces, "2", Duration::from_secs(60)).await;
+    let rebalanced = wait_balanced(&client, &["shard-b", "shard-c"], Duration::from_secs(60)).await;
+    println!(
+        "kill -9: Apps converged {converged:?} after the kill; shards held by the survivors after {:?}",
+        killed.elapsed().max(rebalanced)
+    );
+
+    // 3. SIGTERM: handoff at once, and the stopped replica writes nothing after releasing.
+    signal(&b, "-TERM");
+    let termed = Instant::now();
+    let handoff = wait_balanced(&client, &["shard-c"], Duration::from_secs(30)).await;
+    println!("SIGTERM: every shard held by the last replica {handoff:?} after the signal");
+    assert!(handoff < Duration::from_secs(5), "handoff took {handoff:?}; releasing should make it immediate");
+    bump_all(&client, &namespaces, "3").await;
+    wait_all_at(&client, &namespaces, "3", Duration::from_secs(60)).await;
+    let _ = termed;
+    let audit = std::fs::read_to_string(audit_log()).unwrap_or_default();
+    let mut last_lease_write = String::new();
+    let mut last_other_write = String::new();
+    for line in audit.lines().filter(|l| l.contains("(shard-b)")) {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let verb = event["verb"].as_str().unwrap_or_default();
+        if !matches!(verb, "create" | "update" | "patch" | "delete") {
+            continue;
+        }
+        let at = event["requestReceivedTimestamp"].as_str().unwrap_or_default().to_string();
+        if event["objectRef"]["resource"] == "leases" {
+            last_lease_write = last_lease_write.max(at);
+        } else {
+            last_other_write = last_other_write.max(at);
+        }
+    }
+    assert!(
+        !last_lease_write.is_empty(),
+        "the audit log shows shard-b's Lease writes (user agent flotilla/<version> (shard-b))"
+    );
+    assert!(
+        last_other_write <= last_lease_write,
+        "shard-b wrote {last_other_write} after its last Lease write {last_lease_write}"
+    );
+
+    // 5. A new replica joins: it gets its share, and shards are never held twice.
+    let d = Operator::start_with(&kubeconfig, &args, "shard-d").await;
+    let joined = wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(30)).await;
+    println!("a joining replica got its share {joined:?} after it was ready");
+    wait_for(Duration::from_secs(10), "replicas' own view adds up to 32", || async {
+        (believed_held(&[&c, &d]).await == i64::from(SHARDS)).then_some(())
+    })
+    .await;
+    bump_all(&client, &namespaces, "4").await;
+    wait_all_at(&client, &namespaces, "4", Duration::from_secs(60)).await;
+    let _ = c.child.start_kill();
+}
