@@ -11,7 +11,7 @@ root=$(cd "$here/.." && pwd)
 cd "$root"
 CLUSTER=flotilla
 DEMO=$FLOTILLA_CACHE/demo
-REPLICAS=${FLOTILLA_REPLICAS:-1}
+REPLICAS=${FLOTILLA_REPLICAS:-3}
 export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
 
 stop_operators() {
@@ -88,10 +88,15 @@ kubectl -n demo patch app checkout --type=merge -p '{"spec":{"version":"1.4.2"}}
 kubectl -n demo wait --for=jsonpath='{.status.currentVersion}'=1.4.2 app/checkout --timeout=120s >/dev/null
 kubectl -n demo get apps,deployments
 echo
+echo ">> shards (flotilla shards)"
+"$BIN" shards --kubeconfig "$KUBECONFIG" | awk 'NR==1 || /shards per holder/ || $5 > 0'
+echo
 echo ">> ready in $(( $(date +%s) - t0 ))s. Try:"
 echo "   export KUBECONFIG=$KUBECONFIG"
 echo "   kubectl -n demo get apps -w"
 echo "   kubectl -n demo patch app checkout --type=merge -p '{\"spec\":{\"version\":\"1.5.0\"}}'"
 echo "   kubectl -n demo scale deployment checkout --replicas=7   # drift: put back within seconds"
 echo "   kubectl -n demo get events --field-selector involvedObject.name=checkout"
+echo "   $BIN shards --kubeconfig \$KUBECONFIG                 # who holds which shard"
+echo "   kill -9 \$(cat $DEMO/operator-0.pid)   # its shards move to the other replicas within seconds"
 echo "   bash hack/demo.sh down"

@@ -22,6 +22,34 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Shards(args) => {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            runtime.block_on(async move {
+                let client = match flotilla::operator::client_for(args.kubeconfig.as_deref(), "cli").await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                match flotilla::cli::shards::print_shards(client, &args.operator_namespace, args.shards).await {
+                    Ok(table) => {
+                        print!("{table}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("error: reading Leases, namespaces and Apps: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            })
+        }
         Command::Run(args) => {
             let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,

@@ -1,5 +1,7 @@
 //! The `flotilla` command line.
 
+pub mod shards;
+
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +19,21 @@ pub enum Command {
     Run(RunArgs),
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
     Crd,
+    /// Show which replica holds which shard, since when, and how many namespaces and Apps each has.
+    Shards(ShardsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ShardsArgs {
+    /// Kubeconfig to use; default: in-cluster, then $KUBECONFIG, then ~/.kube/config.
+    #[arg(long, env = "FLOTILLA_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace the operator runs in (where its Leases are).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "flotilla-system")]
+    pub operator_namespace: String,
+    /// Number of shards (as given to the replicas).
+    #[arg(long, env = "FLOTILLA_SHARDS", default_value_t = 32)]
+    pub shards: u32,
 }
 
 #[derive(clap::Args, Debug)]

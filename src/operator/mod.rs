@@ -55,6 +55,19 @@ pub enum OperatorError {
     Metrics(#[from] crate::telemetry::metrics::MetricsError),
 }
 
+/// A client from an explicit kubeconfig, or in-cluster / $KUBECONFIG.
+pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) -> Result<Client, OperatorError> {
+    let settings = Settings {
+        kubeconfig: kubeconfig.map(|p| p.to_path_buf()),
+        namespace: None,
+        admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        replica_id: replica_id.to_string(),
+        identity: OperatorIdentity { namespace: String::new(), service_account: String::new() },
+        sharding: ShardSettings::default(),
+    };
+    client(&settings).await
+}
+
 async fn client(settings: &Settings) -> Result<Client, OperatorError> {
     let mut config = match &settings.kubeconfig {
         Some(path) => {
