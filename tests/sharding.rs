@@ -1,12 +1,14 @@
 //! End to end, replicas as separate processes authenticated as the operator's ServiceAccount,
 //! with the apiserver audit log on: every shard held once and balanced; kill -9 of a replica
-//! hands its shards over and its Apps still converge; SIGTERM hands off at once and the
+//! hands its shards over and its Apps still converge; a replica paused past its Lease writes
+//! nothing once resumed until it owns a shard again; SIGTERM hands off at once and the
 //! stopped replica writes nothing after releasing; a new replica gets its share.
 
 mod support;
 
 use flotilla::api::{App, AppPhase, NamespaceState, Tenant};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -96,6 +98,36 @@ async fn wait_all_at(client: &Client, namespaces: &[String], version: &str, time
     start.elapsed()
 }
 
+/// One write request in the audit log.
+#[derive(Debug)]
+struct AuditWrite {
+    at: Timestamp,
+    resource: String,
+    name: String,
+    code: i64,
+}
+
+/// Write requests (create, update, patch, delete) sent by one replica, from the audit log,
+/// told apart by the replica's User-Agent `flotilla/<version> (<id>)`.
+fn audit_writes_by(replica: &str) -> Vec<AuditWrite> {
+    let needle = format!("({replica})");
+    std::fs::read_to_string(audit_log())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(&needle))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete")))
+        .filter_map(|e| {
+            Some(AuditWrite {
+                at: e["requestReceivedTimestamp"].as_str()?.parse().ok()?,
+                resource: e["objectRef"]["resource"].as_str().unwrap_or_default().to_string(),
+                name: e["objectRef"]["name"].as_str().unwrap_or_default().to_string(),
+                code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
 fn signal(op: &Operator, sig: &str) {
     let pid = op.child.id().expect("pid").to_string();
     let status = std::process::Command::new("kill").args([sig, &pid]).status().expect("kill");
@@ -161,6 +193,32 @@ async fn shards_fail_over_hand_off_and_rebalance() {
         "kill -9: Apps converged {converged:?} after the kill; shards held by the survivors after {:?}",
         killed.elapsed().max(rebalanced)
     );
+
+    // 4. SIGSTOP a replica for longer than the lease duration while its Apps change, then
+    //    SIGCONT: it must not write anything until it has legitimately acquired a shard again.
+    let stopped_at = Timestamp::now();
+    signal(&b, "-STOP");
+    bump_all(&client, &namespaces, "2b").await;
+    wait_all_at(&client, &namespaces, "2b", Duration::from_secs(60)).await;
+    wait_balanced(&client, &["shard-c"], Duration::from_secs(30)).await;
+    signal(&b, "-CONT");
+    wait_balanced(&client, &["shard-b", "shard-c"], Duration::from_secs(30)).await;
+    bump_all(&client, &namespaces, "2c").await;
+    wait_all_at(&client, &namespaces, "2c", Duration::from_secs(60)).await;
+    let events = audit_writes_by("shard-b");
+    let reacquired = events
+        .iter()
+        .filter(|e| {
+            e.at > stopped_at && e.resource == "leases" && e.name.starts_with("flotilla-shard-") && e.code < 300
+        })
+        .map(|e| e.at)
+        .min();
+    let stale: Vec<&AuditWrite> = events
+        .iter()
+        .filter(|e| e.resource != "leases" && e.at > stopped_at && reacquired.is_none_or(|r| e.at < r))
+        .collect();
+    assert!(stale.is_empty(), "the paused replica wrote after its Leases were taken: {stale:?}");
+    println!("SIGSTOP/SIGCONT: no write by the paused replica before it re-acquired shards at {reacquired:?}");
 
     // 3. SIGTERM: handoff at once, and the stopped replica writes nothing after releasing.
     signal(&b, "-TERM");

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use tokio::sync::watch;
 
+use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 
 /// The caches of managed objects, and one flag per cache that turns true once it holds
@@ -31,6 +32,8 @@ pub struct Context {
     /// HorizontalPodAutoscalers labelled as managed by Flotilla.
     pub hpas: Store<HorizontalPodAutoscaler>,
     synced: Vec<watch::Receiver<bool>>,
+    /// Set when sharded: every write checks that this replica still owns the namespace.
+    pub fence: Option<Fence>,
     failures: Mutex<HashMap<(String, String), u32>>,
 }
 
@@ -43,7 +46,17 @@ impl Context {
         caches: Caches,
     ) -> Self {
         let Caches { deployments, hpas, synced } = caches;
-        Self { client, recorder, metrics, app_resource, deployments, hpas, synced, failures: Mutex::default() }
+        Self {
+            client,
+            recorder,
+            metrics,
+            app_resource,
+            deployments,
+            hpas,
+            synced,
+            fence: None,
+            failures: Mutex::default(),
+        }
     }
 
     /// Waits until both caches hold their initial lists, so that a missing object in the
@@ -56,6 +69,11 @@ impl Context {
 
     fn key(obj: &DynamicObject) -> (String, String) {
         (obj.namespace().unwrap_or_default(), obj.name_any())
+    }
+
+    /// Whether this replica may write in `namespace` now (always, when not sharded).
+    pub fn may_write(&self, namespace: &str) -> bool {
+        self.fence.as_ref().is_none_or(|f| f.may_write(namespace))
     }
 
     /// Counts one more consecutive failure of this App and returns the count.

@@ -18,6 +18,7 @@ use super::context::{Caches, Context};
 use super::names;
 use super::reconcile::{error_policy, reconcile};
 use crate::api::App;
+use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::watch_cache::cache;
 
@@ -50,6 +51,7 @@ pub fn context(
     scope: &Scope,
     reporter: Reporter,
     metrics: Metrics,
+    fence: Option<Fence>,
 ) -> (
     Arc<Context>,
     impl Stream<Item = Result<Deployment, watcher::Error>> + Send + 'static,
@@ -61,7 +63,9 @@ pub fn context(
     let recorder = Recorder::new(client.clone(), reporter);
     let app_resource = ApiResource::erase::<App>(&());
     let caches = Caches { deployments, hpas, synced: vec![deployments_synced, hpas_synced] };
-    let ctx = Arc::new(Context::new(client, recorder, metrics, app_resource, caches));
+    let mut ctx = Context::new(client, recorder, metrics, app_resource, caches);
+    ctx.fence = fence;
+    let ctx = Arc::new(ctx);
     (ctx, deployment_events, hpa_events)
 }
 
@@ -82,13 +86,14 @@ pub fn app_controller(
     scope: Scope,
     reporter: Reporter,
     metrics: Metrics,
+    fence: Option<Fence>,
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> {
     let app_resource = ApiResource::erase::<App>(&());
     let (apps, apps_synced, app_events) =
         cache::<DynamicObject>(apps_api(&client, &scope), watcher::Config::default(), app_resource.clone());
-    let (ctx, deployment_events, hpa_events) = context(client, &scope, reporter, metrics);
+    let (ctx, deployment_events, hpa_events) = context(client, &scope, reporter, metrics, fence);
     let controller = Controller::for_stream_with(app_events, apps, app_resource)
         .owns_stream(deployment_events)
         .owns_stream(hpa_events)

@@ -14,6 +14,8 @@ pub enum ReconcileError {
     },
     #[error("App {namespace}/{name} has no uid yet")]
     NotStored { namespace: String, name: String },
+    #[error("not writing in namespace {namespace}: this replica's hold on its shard is not current (fenced)")]
+    Fenced { namespace: String },
     #[error("applying {kind} {namespace}/{name}: {source}")]
     Apply {
         kind: &'static str,
@@ -66,7 +68,7 @@ impl ReconcileError {
 
     pub fn class(&self) -> ErrorClass {
         match (self, self.api_code()) {
-            (Self::InvalidApp { .. } | Self::NotStored { .. }, _) => ErrorClass::Invalid,
+            (Self::InvalidApp { .. } | Self::NotStored { .. } | Self::Fenced { .. }, _) => ErrorClass::Invalid,
             (_, Some(409)) => ErrorClass::Conflict,
             (_, Some(403 | 404)) => ErrorClass::Refused,
             _ => ErrorClass::Transient,
@@ -75,6 +77,9 @@ impl ReconcileError {
 
     /// Short label for metrics.
     pub fn kind(&self) -> &'static str {
+        if let Self::Fenced { .. } = self {
+            return "fenced";
+        }
         match self.class() {
             ErrorClass::Conflict => "conflict",
             ErrorClass::Refused => "refused",

@@ -18,6 +18,7 @@ use super::controller::{Scope, apps_api};
 use super::names::FIELD_MANAGER;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::{App, AppPhase, AppStatus};
+use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::tenancy::served::Ownership;
 
@@ -30,6 +31,7 @@ struct GuardContext {
     metrics: Metrics,
     app_resource: kube::api::ApiResource,
     ownership: watch::Receiver<Ownership>,
+    fence: Fence,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +84,9 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
         return Ok(Action::await_change());
     };
     let name = app.name_any();
+    if !ctx.fence.may_write(&namespace) {
+        return Ok(Action::await_change());
+    }
     let api: Api<App> = Api::namespaced(ctx.client.clone(), &namespace);
     let patch = serde_json::json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "status": status});
     let result = api
@@ -118,6 +123,7 @@ pub async fn guard(
     reporter: Reporter,
     metrics: Metrics,
     ownership: watch::Receiver<Ownership>,
+    fence: Fence,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let app_resource = kube::api::ApiResource::erase::<App>(&());
@@ -132,6 +138,7 @@ pub async fn guard(
         metrics,
         app_resource: app_resource.clone(),
         ownership,
+        fence,
     });
     Controller::new_with(api, watcher::Config::default(), app_resource)
         .reconcile_all_on(changes)

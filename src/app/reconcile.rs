@@ -64,15 +64,18 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     let app: App = match serde_json::to_value(obj).and_then(serde_json::from_value) {
         Ok(app) => app,
         Err(source) => {
+            let writable = ctx.may_write(&namespace);
             let err = ReconcileError::InvalidApp { namespace, name, source };
-            ctx.publish(
-                &obj.object_ref(&ctx.app_resource),
-                EventType::Warning,
-                "InvalidSpec",
-                "Reconcile",
-                err.to_string(),
-            )
-            .await;
+            if writable {
+                ctx.publish(
+                    &obj.object_ref(&ctx.app_resource),
+                    EventType::Warning,
+                    "InvalidSpec",
+                    "Reconcile",
+                    err.to_string(),
+                )
+                .await;
+            }
             return Err(err);
         }
     };
@@ -83,6 +86,7 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     let id = AppIdentity::of(&app)
         .ok_or_else(|| ReconcileError::NotStored { namespace: namespace.clone(), name: name.clone() })?;
     ctx.wait_for_caches().await;
+    let fenced = || ReconcileError::Fenced { namespace: namespace.clone() };
 
     let app_ref = app.object_ref(&());
     let spec_changed = app.status.as_ref().and_then(|s| s.observed_generation) != app.metadata.generation;
@@ -94,6 +98,9 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     let mut deployment = observed.as_deref().cloned();
     let diffs = deployment_differences(&wanted, observed.as_deref());
     if !diffs.is_empty() {
+        if !ctx.may_write(&namespace) {
+            return Err(fenced());
+        }
         match apply(&deployments, &name, &wanted, "Deployment").await {
             Ok(applied) => {
                 deployment = Some(applied);
@@ -113,6 +120,9 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
     let status = desired_status(&app, deployment.as_ref(), blocker.as_ref(), now);
     if app.status.as_ref() != Some(&status) {
+        if !ctx.may_write(&namespace) {
+            return Err(fenced());
+        }
         let previous_phase = app.status.as_ref().and_then(|s| s.phase);
         write_status(ctx, &namespace, &name, &status).await?;
         if previous_phase != status.phase && status.phase == Some(AppPhase::Healthy) {
@@ -126,6 +136,9 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     }
 
     if let Some(err) = failure {
+        if !ctx.may_write(&namespace) {
+            return Err(fenced());
+        }
         ctx.publish(&app_ref, EventType::Warning, err.reason(), "Reconcile", err.to_string()).await;
         return Err(err);
     }
@@ -145,6 +158,9 @@ async fn reconcile_hpa(app: &App, id: &AppIdentity, ctx: &Context, spec_changed:
         Some(wanted) => {
             let diffs = hpa_differences(&wanted, observed.as_deref());
             if !diffs.is_empty() {
+                if !ctx.may_write(namespace) {
+                    return Err(ReconcileError::Fenced { namespace: namespace.clone() });
+                }
                 apply(&api, &name, &wanted, "HorizontalPodAutoscaler").await?;
                 ctx.report_change(&app_ref, "HorizontalPodAutoscaler", &name, observed.is_some(), spec_changed, &diffs)
                     .await;
@@ -153,6 +169,9 @@ async fn reconcile_hpa(app: &App, id: &AppIdentity, ctx: &Context, spec_changed:
         None => {
             let ours = observed.as_deref().is_some_and(|h| h.owner_references().iter().any(|o| o.uid == id.owner.uid));
             if ours {
+                if !ctx.may_write(namespace) {
+                    return Err(ReconcileError::Fenced { namespace: namespace.clone() });
+                }
                 match api.delete(&name, &DeleteParams::background()).await {
                     Ok(_) => {
                         info!(namespace, hpa = name, "deleted HorizontalPodAutoscaler: autoscaling was turned off");

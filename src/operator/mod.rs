@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::app::controller::{Scope, app_controller};
+use crate::sharding::fence::Fence;
 use crate::sharding::leases::Leases;
 use crate::sharding::manager::{ShardChannels, ShardSettings, run_shard_manager};
 use crate::sharding::singleton::run_singleton;
@@ -129,7 +130,15 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         // Single-namespace mode: the operator was given rights in this namespace directly.
         Some(ns) => {
             let scope = Scope::Namespace(ns.clone());
-            tasks.push(tokio::spawn(app_controller(client, scope, reporter, metrics, ready, stopped(stop_rx.clone()))));
+            tasks.push(tokio::spawn(app_controller(
+                client,
+                scope,
+                reporter,
+                metrics,
+                None,
+                ready,
+                stopped(stop_rx.clone()),
+            )));
         }
         // Tenancy mode, sharded: the singleton replica onboards Tenants; every replica serves
         // the onboarded namespaces of the shards it holds and explains the rest.
@@ -137,6 +146,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             let (held_tx, held_rx) = watch::channel(Default::default());
             let (working_tx, working_rx) = watch::channel(Default::default());
             let (ownership_tx, ownership_rx) = watch::channel(Default::default());
+            let fence = Fence::new(settings.sharding.shards, settings.sharding.renew_deadline);
             let leases = Leases::new(
                 client.clone(),
                 &settings.identity.namespace,
@@ -147,7 +157,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 leases,
                 settings.replica_id.clone(),
                 settings.sharding,
-                ShardChannels { held_tx, working_rx },
+                ShardChannels { fence: fence.clone(), held_tx, working_rx },
                 metrics.clone(),
                 stop_rx.clone(),
             )));
@@ -176,6 +186,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 reporter.clone(),
                 metrics.clone(),
                 ownership_rx,
+                fence.clone(),
                 stopped(stop_rx.clone()),
             )));
             tasks.push(tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
@@ -183,7 +194,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 reporter,
                 metrics,
                 settings.sharding.shards,
-                ServedChannels { held_rx, working_tx, ownership_tx },
+                ServedChannels { held_rx, working_tx, ownership_tx, fence },
                 ready,
                 stop_rx.clone(),
             )));

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::fence::Fence;
 use super::leases::{LABEL_LEASE, Leases, holder, shard_lease_name, shard_of_lease};
 use super::plan::{ExpiryTracker, plan};
 use crate::telemetry::Metrics;
@@ -46,6 +47,8 @@ struct Held {
 
 /// Channels between the manager and the work it gates.
 pub struct ShardChannels {
+    /// Renewal times every write in a namespace is checked against.
+    pub fence: Fence,
     /// Shards this replica may work in now.
     pub held_tx: watch::Sender<BTreeSet<u32>>,
     /// Shards whose work is running, as reported by the namespace supervisor. The manager
@@ -62,7 +65,7 @@ pub async fn run_shard_manager(
     metrics: Metrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let ShardChannels { held_tx, mut working_rx } = channels;
+    let ShardChannels { fence, held_tx, mut working_rx } = channels;
     let start = Instant::now();
     let mut tracker = ExpiryTracker::default();
     let mut held: BTreeMap<u32, Held> = BTreeMap::new();
@@ -84,10 +87,12 @@ pub async fn run_shard_manager(
             if now.duration_since(h.renewed) < settings.renew_interval {
                 continue;
             }
+            let sent = Instant::now();
             match leases.renew(&h.lease).await {
                 Ok(Some(lease)) => {
                     h.lease = lease;
-                    h.renewed = Instant::now();
+                    h.renewed = sent;
+                    fence.renewed(*shard, sent);
                 }
                 Ok(None) => {
                     warn!(shard, "shard Lease was taken by another replica");
@@ -105,6 +110,7 @@ pub async fn run_shard_manager(
         lost.extend(taken);
         for shard in lost {
             held.remove(&shard);
+            fence.dropped(shard);
             metrics.lease_event("lost");
             warn!(shard, "lost shard: stopping its work");
         }
@@ -161,11 +167,13 @@ pub async fn run_shard_manager(
         let decision = plan(&me, settings.shards, &live, &mine, &free);
 
         for shard in decision.acquire {
+            let sent = Instant::now();
             match leases.acquire(shard, by_shard.get(&shard).copied()).await {
                 Ok(Some(lease)) => {
                     info!(shard, "acquired shard");
                     metrics.lease_event("acquired");
-                    held.insert(shard, Held { lease, renewed: Instant::now() });
+                    fence.renewed(shard, sent);
+                    held.insert(shard, Held { lease, renewed: sent });
                 }
                 Ok(None) => {}
                 Err(e) => warn!(shard, error = %e, "could not acquire shard"),
@@ -174,6 +182,9 @@ pub async fn run_shard_manager(
         if !decision.release.is_empty() {
             let release: Vec<(u32, Held)> =
                 decision.release.iter().filter_map(|s| held.remove(s).map(|h| (*s, h))).collect();
+            for (shard, _) in &release {
+                fence.dropped(*shard);
+            }
             publish(&held_tx, &held);
             wait_stopped(&mut working_rx, release.iter().map(|(s, _)| *s).collect(), settings.renew_deadline).await;
             for (shard, h) in release {
@@ -190,6 +201,9 @@ pub async fn run_shard_manager(
 
     // Graceful handoff: stop all work first, then release every Lease so peers take over at once.
     let shards: BTreeSet<u32> = held.keys().copied().collect();
+    for shard in &shards {
+        fence.dropped(*shard);
+    }
     held_tx.send_replace(BTreeSet::new());
     wait_stopped(&mut working_rx, shards, settings.renew_deadline).await;
     for (shard, h) in held {

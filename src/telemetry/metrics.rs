@@ -40,7 +40,7 @@ impl Metrics {
         let errors = IntCounterVec::new(
             Opts::new(
                 "flotilla_reconcile_errors_total",
-                "Failed reconciles by controller and error kind (conflict, refused, invalid, transient).",
+                "Failed reconciles by controller and error kind (conflict, refused, invalid, fenced, transient).",
             ),
             &["controller", "kind"],
         )?;

@@ -16,6 +16,7 @@ use tracing::info;
 
 use crate::api::{NamespaceState, Tenant};
 use crate::app::controller::{Scope, app_controller};
+use crate::sharding::fence::Fence;
 use crate::sharding::shard_of;
 use crate::telemetry::Metrics;
 use crate::watch_cache::cache;
@@ -48,6 +49,7 @@ async fn converge_workers(
     client: &Client,
     reporter: &Reporter,
     metrics: &Metrics,
+    fence: &Fence,
 ) {
     let running: BTreeSet<String> = workers.keys().cloned().collect();
     let (start, stop) = changes(&running, wanted);
@@ -69,6 +71,7 @@ async fn converge_workers(
             Scope::Namespace(ns.clone()),
             reporter.clone(),
             metrics.clone(),
+            Some(fence.clone()),
             Arc::new(AtomicBool::new(false)),
             async move {
                 let _ = stop_rx.wait_for(|s| *s).await;
@@ -102,6 +105,8 @@ pub struct ServedChannels {
     pub working_tx: watch::Sender<BTreeSet<u32>>,
     /// What this replica owns (to the guard).
     pub ownership_tx: watch::Sender<Ownership>,
+    /// Checked before every write of the namespace controllers.
+    pub fence: Fence,
 }
 
 /// Runs one App controller per served namespace (onboarded, in a held shard) until
@@ -115,7 +120,7 @@ pub async fn serve_onboarded_namespaces(
     ready: Arc<AtomicBool>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let ServedChannels { mut held_rx, working_tx, ownership_tx } = channels;
+    let ServedChannels { mut held_rx, working_tx, ownership_tx, fence } = channels;
     let (tenants, mut synced, events) = cache::<Tenant>(Api::all(client.clone()), watcher::Config::default(), ());
     let mut events = std::pin::pin!(events);
     let mut workers: BTreeMap<String, NamespaceWorker> = BTreeMap::new();
@@ -141,7 +146,7 @@ pub async fn serve_onboarded_namespaces(
             .into_iter()
             .filter(|ns| held.contains(&shard_of(ns, shards)))
             .collect();
-        converge_workers(&mut workers, &wanted, &client, &reporter, &metrics).await;
+        converge_workers(&mut workers, &wanted, &client, &reporter, &metrics, &fence).await;
         let working: BTreeSet<u32> = workers.keys().map(|ns| shard_of(ns, shards)).collect();
         working_tx.send_replace(working);
         let ownership = Ownership { shards, held, served: wanted };
