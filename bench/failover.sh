@@ -50,6 +50,7 @@ start_replica() {
   local id=$1 port=$2
   "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$port" --replica-id "$id" >"$WORK/$id.log" 2>&1 &
   PIDS[$id]=$!
+  disown "$!"
   until curl -fs "127.0.0.1:$port/readyz" >/dev/null 2>&1; do sleep 0.1; done
 }
 now() { date +%s.%N; }

@@ -6,6 +6,8 @@
 #   hack/cluster.sh down [NAME]                            stop its processes, remove its files
 #   hack/cluster.sh env  [NAME]                            print `export KUBECONFIG=...`
 #   hack/cluster.sh kubeconfig [NAME]                      print the kubeconfig path
+#   hack/cluster.sh stop|start [NAME]                      stop / restart its processes, keeping its data
+#   hack/cluster.sh audit-log [NAME]                       print the audit log path
 #
 # NAME defaults to "flotilla". Binaries are built once and cached (hack/build-control-plane.sh).
 set -euo pipefail
@@ -111,6 +113,13 @@ case "$cmd" in
   down) down ;;
   env) echo "export KUBECONFIG=$kubeconfig" ;;
   audit-log) echo "$KWOK_WORKDIR/clusters/$name/logs/audit.log" ;;
+  # Stop every process of the cluster (etcd included) but keep its data, and start it again:
+  # for tests of what replicas do while the apiserver is away.
+  stop) kwokctl stop cluster --name "$name" >"$KWOK_WORKDIR/stop-$name.log" 2>&1 </dev/null ;;
+  start)
+    kwokctl start cluster --name "$name" >"$KWOK_WORKDIR/start-$name.log" 2>&1 </dev/null 8>&-
+    until healthy; do sleep 0.2; done
+    ;;
   kubeconfig) echo "$kubeconfig" ;;
-  *) echo "usage: $0 up|down|env|kubeconfig [NAME] [kwokctl flags]" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|env|kubeconfig|stop|start|audit-log [NAME] [kwokctl flags]" >&2; exit 2 ;;
 esac

@@ -136,6 +136,8 @@ fn signal(op: &Operator, sig: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_fail_over_hand_off_and_rebalance() {
+    // This test stops the whole control plane, so it has a cluster of its own.
+    support::use_private_cluster("flotilla-test-sharding");
     let client = admin_client().await;
     install_crds(&client).await;
     let kubeconfig = operator_kubeconfig();
@@ -264,5 +266,36 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     .await;
     bump_all(&client, &namespaces, "4").await;
     wait_all_at(&client, &namespaces, "4", Duration::from_secs(60)).await;
+
+    // 6. The whole control plane stopped for 20 s and started again: the replicas fence
+    //    themselves, recover on their own, hold every shard again, and Apps changed after the
+    //    restart converge.
+    support::cluster_script(&["stop"]);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    support::cluster_script(&["start"]);
+    let client = admin_client().await;
+    let recovered = wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(90)).await;
+    println!("control plane down 20 s: shards held and balanced again {recovered:?} after it came back");
+    // What the operator does is checked (Deployments carry the new version, status observed
+    // it): kwok restarted by `kwokctl start` leaves newly scheduled pods Pending.
+    bump_all(&client, &namespaces, "5").await;
+    for ns in &namespaces {
+        let apps: Api<App> = Api::namespaced(client.clone(), ns);
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), ns);
+        wait_for(Duration::from_secs(90), &format!("{ns}/web rolled to 5 after the restart"), || async {
+            let d = deployments.get("web").await.ok()?;
+            let image = d.spec?.template.spec?.containers.first()?.image.clone()?;
+            let app = apps.get("web").await.ok()?;
+            let observed = app.status?.observed_generation == app.metadata.generation;
+            (image.ends_with(":5") && observed).then_some(())
+        })
+        .await;
+    }
+    wait_for(Duration::from_secs(10), "replicas' own view adds up to 32", || async {
+        (believed_held(&[&c, &d]).await == i64::from(SHARDS)).then_some(())
+    })
+    .await;
     let _ = c.child.start_kill();
+    drop((c, d));
+    support::cluster_script(&["down"]);
 }

@@ -21,18 +21,34 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Starts (or reuses) the shared test cluster and returns its kubeconfig. A failure here is
-/// a test failure with instructions, never a skip.
+static PRIVATE_CLUSTER: OnceLock<String> = OnceLock::new();
+
+/// Makes this test binary use a cluster of its own (own name, ports and data dir) instead of
+/// the shared one, for tests that stop the control plane. Call it before anything else.
+pub fn use_private_cluster(name: &str) {
+    let _ = PRIVATE_CLUSTER.set(name.to_string());
+}
+
+/// The cluster this test binary uses.
+pub fn cluster_name() -> &'static str {
+    PRIVATE_CLUSTER.get().map(String::as_str).unwrap_or(TEST_CLUSTER)
+}
+
+/// Starts (or reuses) the test cluster and returns its kubeconfig. A failure here is a test
+/// failure with instructions, never a skip.
 pub fn kubeconfig() -> &'static Path {
     static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
     KUBECONFIG.get_or_init(|| {
-        if let Some(path) = std::env::var_os("FLOTILLA_TEST_KUBECONFIG") {
+        let name = cluster_name();
+        if name == TEST_CLUSTER
+            && let Some(path) = std::env::var_os("FLOTILLA_TEST_KUBECONFIG")
+        {
             return PathBuf::from(path);
         }
         let script = repo_root().join("hack/cluster.sh");
         let status = std::process::Command::new("bash")
             .arg(&script)
-            .args(["up", TEST_CLUSTER])
+            .args(["up", name])
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
             .status();
@@ -40,14 +56,14 @@ pub fn kubeconfig() -> &'static Path {
             Ok(s) if s.success() => {}
             other => panic!(
                 "the local control plane could not be started ({other:?}).\n\
-                 Run `bash hack/cluster.sh up {TEST_CLUSTER}` to see why. It builds etcd, Kubernetes and kwok \
+                 Run `bash hack/cluster.sh up {name}` to see why. It builds etcd, Kubernetes and kwok \
                  from their Go modules, so it needs Go >= 1.26 on PATH (https://go.dev/doc/install) and \
                  access to the Go module proxy; `bash hack/test.sh` installs the rest."
             ),
         }
         let out = std::process::Command::new("bash")
             .arg(&script)
-            .args(["kubeconfig", TEST_CLUSTER])
+            .args(["kubeconfig", name])
             .output()
             .expect("running hack/cluster.sh kubeconfig");
         PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
@@ -256,11 +272,25 @@ pub fn operator_kubeconfig() -> PathBuf {
     path
 }
 
+/// Runs `hack/cluster.sh <args> <this binary's cluster>`; panics when it fails.
+pub fn cluster_script(args: &[&str]) {
+    let status = std::process::Command::new("bash")
+        .arg(repo_root().join("hack/cluster.sh"))
+        .args(args)
+        .arg(cluster_name())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("running hack/cluster.sh");
+    assert!(status.success(), "hack/cluster.sh {args:?} {} failed", cluster_name());
+}
+
 /// The test cluster's audit log (requests by ServiceAccounts of flotilla-system).
 pub fn audit_log() -> PathBuf {
     let out = std::process::Command::new("bash")
         .arg(repo_root().join("hack/cluster.sh"))
-        .args(["audit-log", TEST_CLUSTER])
+        .args(["audit-log", cluster_name()])
         .output()
         .expect("locating the audit log");
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
