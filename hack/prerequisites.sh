@@ -5,13 +5,20 @@
 set -euo pipefail
 
 missing=()
-for tool in flock curl git; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+for tool in flock curl git prometheus promtool; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 if [ ${#missing[@]} -gt 0 ]; then
   pkgs=()
-  for t in "${missing[@]}"; do case $t in flock) pkgs+=(util-linux) ;; *) pkgs+=("$t") ;; esac; done
+  for t in "${missing[@]}"; do
+    case $t in
+      flock) pkgs+=(util-linux) ;;
+      # Debian's prometheus package: the server for metric gates and dashboard checks, and promtool.
+      prometheus | promtool) [[ " ${pkgs[*]} " == *" prometheus "* ]] || pkgs+=(prometheus) ;;
+      *) pkgs+=("$t") ;;
+    esac
+  done
   echo ">> installing Debian packages: ${pkgs[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
-  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${pkgs[@]}" >/dev/null
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 fi
 
 export PATH=$HOME/.cargo/bin:/usr/local/go/bin:$PATH

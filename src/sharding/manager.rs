@@ -67,6 +67,7 @@ pub async fn run_shard_manager(
 ) {
     let ShardChannels { fence, held_tx, mut working_rx } = channels;
     let start = Instant::now();
+    metrics.shards_configured(settings.shards);
     let mut tracker = ExpiryTracker::default();
     let mut held: BTreeMap<u32, Held> = BTreeMap::new();
     let mut membership: Option<Lease> = None;

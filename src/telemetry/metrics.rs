@@ -17,6 +17,7 @@ pub struct Metrics {
     namespaces_served: IntGauge,
     apps_not_onboarded: IntCounter,
     shards_held: IntGauge,
+    shards_configured: IntGauge,
     lease_events: IntCounterVec,
     seconds_since_renew: Gauge,
 }
@@ -60,6 +61,9 @@ impl Metrics {
             "Apps found in a namespace no Tenant onboarded (marked NamespaceNotOnboarded, not acted on).",
         )?;
         let shards_held = IntGauge::new("flotilla_shards_held", "Shard Leases this replica holds.")?;
+        let shards_configured =
+            IntGauge::new("flotilla_shards_configured", "Number of shards namespaces are hashed into (--shards).")?;
+        registry.register(Box::new(shards_configured.clone()))?;
         let lease_events = IntCounterVec::new(
             Opts::new(
                 "flotilla_lease_transitions_total",
@@ -80,6 +84,22 @@ impl Metrics {
         registry.register(Box::new(reconcile_duration.clone()))?;
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(drift_corrections.clone()))?;
+        // Series exist from the start (at zero), so that rate() and dashboards see them before
+        // the first event of each kind.
+        for controller in ["app", "tenant", "guard"] {
+            for result in ["ok", "error"] {
+                reconciles.with_label_values(&[controller, result]);
+            }
+            for kind in ["conflict", "refused", "invalid", "fenced", "transient"] {
+                errors.with_label_values(&[controller, kind]);
+            }
+        }
+        for kind in ["Deployment", "HorizontalPodAutoscaler"] {
+            drift_corrections.with_label_values(&[kind]);
+        }
+        for event in ["acquired", "lost", "released"] {
+            lease_events.with_label_values(&[event]);
+        }
         Ok(Self {
             registry,
             reconciles,
@@ -89,6 +109,7 @@ impl Metrics {
             namespaces_served,
             apps_not_onboarded,
             shards_held,
+            shards_configured,
             lease_events,
             seconds_since_renew,
         })
@@ -114,6 +135,10 @@ impl Metrics {
     pub fn shards_held(&self, n: usize, seconds_since_renew: f64) {
         self.shards_held.set(i64::try_from(n).unwrap_or(i64::MAX));
         self.seconds_since_renew.set(seconds_since_renew);
+    }
+
+    pub fn shards_configured(&self, n: u32) {
+        self.shards_configured.set(i64::from(n));
     }
 
     pub fn lease_event(&self, event: &str) {
