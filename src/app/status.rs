@@ -31,11 +31,13 @@ pub struct Readiness {
 /// old replica is left.
 pub fn readiness(app: &App, deployment: Option<&Deployment>) -> Readiness {
     let Some(d) = deployment else {
-        return Readiness { desired: app.spec.replicas.unwrap_or(1), ready: 0, complete: false };
+        let desired = app.spec.autoscaling.as_ref().map(|a| a.min_replicas).or(app.spec.replicas).unwrap_or(1);
+        return Readiness { desired, ready: 0, complete: false };
     };
     let spec_replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let desired = match (&app.spec.autoscaling, app.spec.replicas) {
-        (Some(_), _) => spec_replicas,
+        // The autoscaler's choice, which is never outside its bounds once it has acted.
+        (Some(a), _) => spec_replicas.clamp(a.min_replicas, a.max_replicas.max(a.min_replicas)),
         (None, r) => r.unwrap_or(1),
     };
     let status = d.status.clone().unwrap_or_default();
