@@ -51,6 +51,13 @@ fn main() -> ExitCode {
             })
         }
         Command::Run(args) => {
+            if args.renew_deadline + std::time::Duration::from_secs(1) > args.lease_duration {
+                eprintln!(
+                    "error: --renew-deadline ({:?}) must be at least 1s shorter than --lease-duration ({:?}): a replica must stop working in a shard before a peer may take it",
+                    args.renew_deadline, args.lease_duration
+                );
+                return ExitCode::FAILURE;
+            }
             let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -74,8 +81,10 @@ fn main() -> ExitCode {
                     sharding: flotilla::sharding::manager::ShardSettings {
                         shards: args.shards,
                         lease_duration: args.lease_duration,
-                        renew_deadline: args.renew_deadline.min(args.lease_duration),
-                        renew_interval: (args.lease_duration / 3).max(std::time::Duration::from_millis(100)),
+                        renew_deadline: args.renew_deadline,
+                        renew_interval: (args.lease_duration / 3)
+                            .min(args.renew_deadline / 2)
+                            .max(std::time::Duration::from_millis(100)),
                         ..Default::default()
                     },
                     identity: flotilla::tenancy::OperatorIdentity {

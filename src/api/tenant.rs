@@ -133,6 +133,8 @@ pub enum NamespaceState {
     Conflict,
     /// Onboarding failed; the message says why.
     Error,
+    /// Removed from the tenant, but withdrawing Flotilla's access failed; retried.
+    Offboarding,
     /// Removed from the tenant: Flotilla's access was withdrawn, workloads were left in place.
     Offboarded,
 }

@@ -34,6 +34,8 @@ pub struct Context {
     synced: Vec<watch::Receiver<bool>>,
     /// Set when sharded: every write checks that this replica still owns the namespace.
     pub fence: Option<Fence>,
+    /// The tenant whose namespace this controller serves (for spans and logs).
+    pub tenant: Option<String>,
     failures: Mutex<HashMap<(String, String), u32>>,
 }
 
@@ -65,6 +67,11 @@ impl Context {
         for flag in &self.synced {
             let _ = flag.clone().wait_for(|synced| *synced).await;
         }
+    }
+
+    /// Like `wait_for_caches`, but gives up after `limit`; false when the caches are not synced.
+    pub async fn caches_synced_within(&self, limit: std::time::Duration) -> bool {
+        tokio::time::timeout(limit, self.wait_for_caches()).await.is_ok()
     }
 
     fn key(obj: &DynamicObject) -> (String, String) {

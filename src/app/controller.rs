@@ -52,6 +52,7 @@ pub fn context(
     reporter: Reporter,
     metrics: Metrics,
     fence: Option<Fence>,
+    tenant: Option<String>,
 ) -> (
     Arc<Context>,
     impl Stream<Item = Result<Deployment, watcher::Error>> + Send + 'static,
@@ -65,6 +66,7 @@ pub fn context(
     let caches = Caches { deployments, hpas, synced: vec![deployments_synced, hpas_synced] };
     let mut ctx = Context::new(client, recorder, metrics, app_resource, caches);
     ctx.fence = fence;
+    ctx.tenant = tenant;
     let ctx = Arc::new(ctx);
     (ctx, deployment_events, hpa_events)
 }
@@ -87,13 +89,14 @@ pub fn app_controller(
     reporter: Reporter,
     metrics: Metrics,
     fence: Option<Fence>,
+    tenant: Option<String>,
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> {
     let app_resource = ApiResource::erase::<App>(&());
     let (apps, apps_synced, app_events) =
         cache::<DynamicObject>(apps_api(&client, &scope), watcher::Config::default(), app_resource.clone());
-    let (ctx, deployment_events, hpa_events) = context(client, &scope, reporter, metrics, fence);
+    let (ctx, deployment_events, hpa_events) = context(client, &scope, reporter, metrics, fence, tenant);
     let controller = Controller::for_stream_with(app_events, apps, app_resource)
         .owns_stream(deployment_events)
         .owns_stream(hpa_events)

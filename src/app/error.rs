@@ -16,6 +16,10 @@ pub enum ReconcileError {
     NotStored { namespace: String, name: String },
     #[error("not writing in namespace {namespace}: this replica's hold on its shard is not current (fenced)")]
     Fenced { namespace: String },
+    #[error(
+        "the caches of namespace {namespace} did not sync within {after:?} (can the operator list Deployments and HPAs there?)"
+    )]
+    CachesNotSynced { namespace: String, after: Duration },
     #[error("applying {kind} {namespace}/{name}: {source}")]
     Apply {
         kind: &'static str,
@@ -50,6 +54,9 @@ pub enum ErrorClass {
     Refused,
     /// The object itself is unusable; wait for it to change.
     Invalid,
+    /// This replica's hold on the namespace's shard is not current: look again soon (the
+    /// hold is renewed, or the namespace's controller is stopped).
+    Fenced,
     /// Anything else (timeouts, 5xx): back off.
     Transient,
 }
@@ -68,7 +75,8 @@ impl ReconcileError {
 
     pub fn class(&self) -> ErrorClass {
         match (self, self.api_code()) {
-            (Self::InvalidApp { .. } | Self::NotStored { .. } | Self::Fenced { .. }, _) => ErrorClass::Invalid,
+            (Self::Fenced { .. }, _) => ErrorClass::Fenced,
+            (Self::InvalidApp { .. } | Self::NotStored { .. }, _) => ErrorClass::Invalid,
             (_, Some(409)) => ErrorClass::Conflict,
             (_, Some(403 | 404)) => ErrorClass::Refused,
             _ => ErrorClass::Transient,
@@ -77,10 +85,8 @@ impl ReconcileError {
 
     /// Short label for metrics.
     pub fn kind(&self) -> &'static str {
-        if let Self::Fenced { .. } = self {
-            return "fenced";
-        }
         match self.class() {
+            ErrorClass::Fenced => "fenced",
             ErrorClass::Conflict => "conflict",
             ErrorClass::Refused => "refused",
             ErrorClass::Invalid => "invalid",
@@ -102,10 +108,13 @@ impl ReconcileError {
 }
 
 /// Delay before the next attempt after `failures` consecutive failures of this class:
-/// conflicts retry at once, everything else backs off exponentially from 1 s to 5 min.
+/// conflicts retry at once (then back off if they persist), a fenced write is looked at
+/// again after 2 s, everything else backs off exponentially from 1 s to 5 min.
 pub fn retry_delay(class: ErrorClass, failures: u32) -> Option<Duration> {
     match class {
-        ErrorClass::Conflict => Some(Duration::from_millis(50)),
+        ErrorClass::Conflict if failures < 3 => Some(Duration::from_millis(50)),
+        ErrorClass::Fenced => Some(Duration::from_secs(2)),
+        ErrorClass::Conflict => Some(Duration::from_secs(1u64 << (failures - 3).min(8))),
         ErrorClass::Invalid => None,
         ErrorClass::Refused | ErrorClass::Transient => {
             let secs = 1u64.checked_shl(failures.min(16)).unwrap_or(u64::MAX).min(300);
@@ -122,7 +131,9 @@ mod tests {
     fn backoff_grows_and_caps() {
         let d = |n| retry_delay(ErrorClass::Refused, n).map(|d| d.as_secs());
         assert_eq!([d(0), d(1), d(3), d(8), d(40)], [Some(1), Some(2), Some(8), Some(256), Some(300)]);
-        assert_eq!(retry_delay(ErrorClass::Conflict, 9), Some(Duration::from_millis(50)));
+        assert_eq!(retry_delay(ErrorClass::Conflict, 0), Some(Duration::from_millis(50)));
+        assert_eq!(retry_delay(ErrorClass::Conflict, 5), Some(Duration::from_secs(4)), "persistent conflicts back off");
+        assert_eq!(retry_delay(ErrorClass::Fenced, 7), Some(Duration::from_secs(2)));
         assert_eq!(retry_delay(ErrorClass::Invalid, 0), None);
     }
 

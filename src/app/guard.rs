@@ -106,6 +106,9 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
         action: "Reconcile".into(),
         secondary: None,
     };
+    if !ctx.fence.may_write(&namespace) {
+        return Ok(Action::await_change());
+    }
     if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&ctx.app_resource)).await {
         warn!(error = %e, "could not record Event");
     }

@@ -28,14 +28,24 @@ use crate::api::{App, AppPhase};
 /// How often an App that is still converging is looked at even without a watch event.
 const PROGRESS_RECHECK: Duration = Duration::from_secs(30);
 
+/// How long a reconcile waits for the namespace's caches before it reports and backs off.
+const CACHE_SYNC_LIMIT: Duration = Duration::from_secs(30);
+
 /// Controller name used in metrics and Events.
 pub const CONTROLLER: &str = "app";
 
 /// Entry point for the controller: one span, metrics, and the failure counter reset.
-#[instrument(skip_all, fields(namespace = field::Empty, app = field::Empty, result = field::Empty))]
+#[instrument(skip_all, fields(tenant = field::Empty, namespace = field::Empty, app = field::Empty, shard = field::Empty, result = field::Empty))]
 pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let span = Span::current();
-    span.record("namespace", obj.namespace().unwrap_or_default());
+    let namespace = obj.namespace().unwrap_or_default();
+    if let Some(tenant) = &ctx.tenant {
+        span.record("tenant", tenant.as_str());
+    }
+    if let Some(fence) = &ctx.fence {
+        span.record("shard", fence.shard_of(&namespace));
+    }
+    span.record("namespace", namespace);
     span.record("app", obj.name_any());
     let started = Instant::now();
     let result = reconcile_app(&obj, &ctx).await;
@@ -85,7 +95,9 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     }
     let id = AppIdentity::of(&app)
         .ok_or_else(|| ReconcileError::NotStored { namespace: namespace.clone(), name: name.clone() })?;
-    ctx.wait_for_caches().await;
+    if !ctx.caches_synced_within(CACHE_SYNC_LIMIT).await {
+        return Err(ReconcileError::CachesNotSynced { namespace, after: CACHE_SYNC_LIMIT });
+    }
     let fenced = || ReconcileError::Fenced { namespace: namespace.clone() };
 
     let app_ref = app.object_ref(&());
@@ -277,6 +289,10 @@ impl Context {
         action: &str,
         note: String,
     ) {
+        // An Event is a write too: never after this replica's hold on the namespace lapsed.
+        if !self.may_write(reference.namespace.as_deref().unwrap_or_default()) {
+            return;
+        }
         let mut note = note;
         if note.len() > 1000 {
             let mut cut = 1000;

@@ -152,12 +152,13 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 &settings.identity.namespace,
                 &settings.replica_id,
                 settings.sharding.lease_duration,
+                settings.sharding.shards,
             );
             tasks.push(tokio::spawn(run_shard_manager(
                 leases,
                 settings.replica_id.clone(),
                 settings.sharding,
-                ShardChannels { fence: fence.clone(), held_tx, working_rx },
+                ShardChannels { fence: fence.clone(), held_tx, working_rx, ready: ready.clone() },
                 metrics.clone(),
                 stop_rx.clone(),
             )));

@@ -22,6 +22,11 @@ impl Fence {
         Self { shards, renew_deadline, renewed: Arc::default() }
     }
 
+    /// The shard of a namespace under this installation's shard count.
+    pub fn shard_of(&self, namespace: &str) -> u32 {
+        shard_of(namespace, self.shards)
+    }
+
     /// Records a successful acquire or renew of `shard` that was sent at `at`.
     pub fn renewed(&self, shard: u32, at: Instant) {
         self.renewed.lock().unwrap_or_else(|p| p.into_inner()).insert(shard, at);

@@ -36,13 +36,20 @@ pub fn holder(lease: &Lease) -> Option<&str> {
     lease.spec.as_ref()?.holder_identity.as_deref().filter(|h| !h.is_empty())
 }
 
+/// Label on membership Leases: the shard count the replica was started with.
+pub const LABEL_SHARDS: &str = "flotilla.dev/shards";
+
 #[derive(Debug, thiserror::Error)]
-#[error("{action} Lease {name}: {source}")]
-pub struct LeaseError {
-    pub action: &'static str,
-    pub name: String,
-    #[source]
-    pub source: kube::Error,
+pub enum LeaseError {
+    #[error("{action} Lease {name}: {source}")]
+    Api {
+        action: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{action} Lease {name}: no answer within {after:?}")]
+    Timeout { action: &'static str, name: String, after: std::time::Duration },
 }
 
 /// Reads and writes the operator's Leases in its own namespace.
@@ -51,6 +58,10 @@ pub struct Leases {
     api: Api<Lease>,
     me: String,
     duration_secs: i32,
+    shards: u32,
+    /// Every Lease call gives up after this long, so one hung request cannot stall the
+    /// manager past its renew deadline.
+    call_timeout: std::time::Duration,
 }
 
 fn now() -> MicroTime {
@@ -58,28 +69,45 @@ fn now() -> MicroTime {
 }
 
 impl Leases {
-    pub fn new(client: Client, namespace: &str, me: &str, duration: std::time::Duration) -> Self {
+    pub fn new(client: Client, namespace: &str, me: &str, duration: std::time::Duration, shards: u32) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             me: me.to_string(),
             duration_secs: i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX),
+            shards,
+            call_timeout: (duration / 3).max(std::time::Duration::from_millis(200)),
         }
+    }
+
+    async fn bounded<T>(
+        &self,
+        action: &'static str,
+        name: &str,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<Result<T, kube::Error>, LeaseError> {
+        tokio::time::timeout(self.call_timeout, call).await.map_err(|_| LeaseError::Timeout {
+            action,
+            name: name.to_string(),
+            after: self.call_timeout,
+        })
     }
 
     /// Every shard and membership Lease, in one request.
     pub async fn list(&self) -> Result<Vec<Lease>, LeaseError> {
-        self.api.list(&ListParams::default().labels(LABEL_LEASE)).await.map(|l| l.items).map_err(|source| LeaseError {
-            action: "listing",
-            name: "*".into(),
-            source,
-        })
+        self.bounded("listing", "*", self.api.list(&ListParams::default().labels(LABEL_LEASE)))
+            .await?
+            .map(|l| l.items)
+            .map_err(|source| LeaseError::Api { action: "listing", name: "*".into(), source })
     }
 
     fn fresh(&self, name: &str, kind: &str) -> Lease {
         Lease {
             metadata: ObjectMeta {
                 name: Some(name.into()),
-                labels: Some(BTreeMap::from([(LABEL_LEASE.to_string(), kind.to_string())])),
+                labels: Some(BTreeMap::from([
+                    (LABEL_LEASE.to_string(), kind.to_string()),
+                    (LABEL_SHARDS.to_string(), self.shards.to_string()),
+                ])),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -108,21 +136,26 @@ impl Leases {
                 if let Some(spec) = lease.spec.as_mut() {
                     edit(spec);
                 }
-                self.api.create(&PostParams::default(), &lease).await
+                self.bounded("creating", name, self.api.create(&PostParams::default(), &lease)).await?
             }
             Some(existing) => {
                 let mut lease = existing.clone();
                 lease.metadata.managed_fields = None;
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 edit(spec);
+                lease
+                    .metadata
+                    .labels
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(LABEL_SHARDS.to_string(), self.shards.to_string());
                 // metadata.resourceVersion is kept from the read: the update is a compare-and-swap.
-                self.api.replace(name, &PostParams::default(), &lease).await
+                self.bounded("updating", name, self.api.replace(name, &PostParams::default(), &lease)).await?
             }
         };
         match result {
             Ok(lease) => Ok(Some(lease)),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-            Err(source) => Err(LeaseError { action: "writing", name: name.into(), source }),
+            Err(source) => Err(LeaseError::Api { action: "writing", name: name.into(), source }),
         }
     }
 
@@ -170,11 +203,10 @@ impl Leases {
             Some(l) => Ok(Some(l)),
             // Our cached version was stale (for example after a restart with the same id): re-read once.
             None => {
-                let current = self.api.get_opt(&name).await.map_err(|source| LeaseError {
-                    action: "reading",
-                    name: name.clone(),
-                    source,
-                })?;
+                let current = self
+                    .bounded("reading", &name, self.api.get_opt(&name))
+                    .await?
+                    .map_err(|source| LeaseError::Api { action: "reading", name: name.clone(), source })?;
                 self.write(&name, "member", current.as_ref(), |spec| {
                     spec.holder_identity = Some(self.me.clone());
                     spec.renew_time = Some(now());
@@ -186,7 +218,8 @@ impl Leases {
 
     /// Removes this replica's membership Lease on shutdown.
     pub async fn leave(&self) {
-        let _ = self.api.delete(&member_lease_name(&self.me), &DeleteParams::default()).await;
+        let name = member_lease_name(&self.me);
+        let _ = self.bounded("deleting", &name, self.api.delete(&name, &DeleteParams::default())).await;
     }
 }
 

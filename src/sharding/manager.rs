@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::fence::Fence;
-use super::leases::{LABEL_LEASE, Leases, holder, shard_lease_name, shard_of_lease};
+use super::leases::{LABEL_LEASE, LABEL_SHARDS, Leases, holder, shard_lease_name, shard_of_lease};
 use super::plan::{ExpiryTracker, plan};
 use crate::telemetry::Metrics;
 
@@ -54,6 +54,10 @@ pub struct ShardChannels {
     /// Shards whose work is running, as reported by the namespace supervisor. The manager
     /// waits for a shard to leave this set before it releases the Lease.
     pub working_rx: watch::Receiver<BTreeSet<u32>>,
+    /// True once the work this replica would do is ready (its Tenant cache synced). Until
+    /// then it neither announces itself nor takes shards, so that a replica that cannot work
+    /// never holds shards its peers could serve.
+    pub ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Runs until `shutdown`, then stops work in every shard and releases their Leases.
@@ -65,7 +69,7 @@ pub async fn run_shard_manager(
     metrics: Metrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let ShardChannels { fence, held_tx, mut working_rx } = channels;
+    let ShardChannels { fence, held_tx, mut working_rx, ready } = channels;
     let start = Instant::now();
     metrics.shards_configured(settings.shards);
     let mut tracker = ExpiryTracker::default();
@@ -80,7 +84,6 @@ pub async fn run_shard_manager(
             _ = tick.tick() => {}
         }
         let now = Instant::now();
-        let now_ms = u64::try_from(now.duration_since(start).as_millis()).unwrap_or(u64::MAX);
 
         // Renew what is due; a failed renewal is retried next round until the deadline.
         let mut taken = Vec::new();
@@ -117,7 +120,8 @@ pub async fn run_shard_manager(
         }
         publish(&held_tx, &held);
 
-        if membership_renewed.is_none_or(|t| now.duration_since(t) >= settings.renew_interval) {
+        let work_ready = ready.load(std::sync::atomic::Ordering::SeqCst);
+        if work_ready && membership_renewed.is_none_or(|t| now.duration_since(t) >= settings.renew_interval) {
             match leases.heartbeat(membership.as_ref()).await {
                 Ok(Some(l)) => {
                     membership = Some(l);
@@ -136,6 +140,10 @@ pub async fn run_shard_manager(
                 continue;
             }
         };
+        // Observations are stamped when the list came back, never earlier: stamping them with
+        // the start of the round would make a peer's fresh renewal look older than it is.
+        let now = Instant::now();
+        let now_ms = u64::try_from(now.duration_since(start).as_millis()).unwrap_or(u64::MAX);
         let present: BTreeSet<String> = all.iter().filter_map(|l| l.metadata.name.clone()).collect();
         for l in &all {
             let name = l.metadata.name.clone().unwrap_or_default();
@@ -165,7 +173,24 @@ pub async fn run_shard_manager(
             })
             .collect();
         let mine: BTreeSet<u32> = held.keys().copied().collect();
-        let decision = plan(&me, settings.shards, &live, &mine, &free);
+        let mismatched: Vec<String> = all
+            .iter()
+            .filter(|l| {
+                l.metadata.labels.as_ref().and_then(|m| m.get(LABEL_LEASE)).map(String::as_str) == Some("member")
+            })
+            .filter(|l| holder(l).is_some_and(|h| live.contains(h)))
+            .filter_map(|l| l.metadata.labels.as_ref()?.get(LABEL_SHARDS).cloned())
+            .filter(|n| *n != settings.shards.to_string())
+            .collect();
+        let mut decision = plan(&me, settings.shards, &live, &mine, &free);
+        if !work_ready {
+            decision.acquire.clear();
+        }
+        if !mismatched.is_empty() {
+            // Two shard counts would map one namespace to two shards held by two replicas.
+            warn!(shards = settings.shards, others = ?mismatched, "live replicas run with a different --shards; taking no shard until they agree");
+            decision.acquire.clear();
+        }
 
         for shard in decision.acquire {
             let sent = Instant::now();

@@ -38,18 +38,29 @@ pub async fn run_singleton<W, F>(
         LeaseLockParams { holder_id: me.to_string(), lease_name: SINGLETON_LEASE.to_string(), lease_ttl: ttl },
     );
     let mut running: Option<(watch::Sender<bool>, JoinHandle<()>)> = None;
+    let mut last_renewed: Option<std::time::Instant> = None;
     let mut tick = tokio::time::interval(ttl / 3);
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
             _ = tick.tick() => {}
         }
-        let leading = match lock.try_acquire_or_renew().await {
-            Ok(LeaseLockResult::Acquired(_)) => true,
-            Ok(LeaseLockResult::NotAcquired(_)) => false,
-            Err(e) => {
-                warn!(error = %e, "singleton election failed; keeping the current role until the Lease expires");
-                running.is_some()
+        let leading = match tokio::time::timeout(ttl / 3, lock.try_acquire_or_renew()).await {
+            Ok(Ok(LeaseLockResult::Acquired(_))) => {
+                last_renewed = Some(std::time::Instant::now());
+                true
+            }
+            Ok(Ok(LeaseLockResult::NotAcquired(_))) => false,
+            failed => {
+                // Keep leading only while our last renewal is younger than two thirds of the
+                // TTL: after that a peer may take the Lease.
+                let fresh = last_renewed.is_some_and(|t| t.elapsed() < ttl * 2 / 3);
+                let reason = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "no answer".to_string(),
+                };
+                warn!(error = reason, keep_leading = running.is_some() && fresh, "singleton election failed");
+                running.is_some() && fresh
             }
         };
         match (leading, running.is_some()) {

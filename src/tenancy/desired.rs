@@ -191,14 +191,16 @@ pub fn refusal(
     }
 }
 
-/// Namespaces that were onboarded (per the last status) and are no longer listed.
+/// Namespaces this tenant onboarded (per the last status) that are no longer listed. Only
+/// namespaces it really onboarded: one it was refused (the operator's own, another tenant's)
+/// is never offboarded by it.
 pub fn to_offboard(tenant: &Tenant) -> Vec<String> {
     let listed = &tenant.spec.namespaces;
     tenant
         .status
         .iter()
         .flat_map(|s| s.namespaces.iter())
-        .filter(|n| matches!(n.state, NamespaceState::Onboarded | NamespaceState::Error))
+        .filter(|n| matches!(n.state, NamespaceState::Onboarded | NamespaceState::Offboarding))
         .filter(|n| !listed.contains(&n.name))
         .map(|n| n.name.clone())
         .collect()
@@ -217,7 +219,7 @@ pub fn tenant_status(tenant: &Tenant, mut namespaces: Vec<NamespaceStatus>, now:
     let onboarded = namespaces.iter().filter(|n| n.state == NamespaceState::Onboarded).count();
     let worst = namespaces
         .iter()
-        .filter(|n| n.state != NamespaceState::Onboarded && n.state != NamespaceState::Offboarded)
+        .filter(|n| !matches!(n.state, NamespaceState::Onboarded | NamespaceState::Offboarded))
         .map(|n| (n.state, n.message.clone()))
         .min();
     let condition = match worst {
@@ -326,10 +328,21 @@ mod tests {
             namespaces: vec![
                 NamespaceStatus { name: "a".into(), state: NamespaceState::Onboarded, message: String::new() },
                 NamespaceStatus { name: "b".into(), state: NamespaceState::Onboarded, message: String::new() },
+                NamespaceStatus {
+                    name: "flotilla-system".into(),
+                    state: NamespaceState::Error,
+                    message: "refused".into(),
+                },
+                NamespaceStatus { name: "theirs".into(), state: NamespaceState::Conflict, message: "taken".into() },
+                NamespaceStatus { name: "retry".into(), state: NamespaceState::Offboarding, message: "failed".into() },
             ],
             ..TenantStatus::default()
         });
-        assert_eq!(to_offboard(&t), vec!["b".to_string()]);
+        assert_eq!(
+            to_offboard(&t),
+            vec!["b".to_string(), "retry".to_string()],
+            "refused and conflicting namespaces are never offboarded"
+        );
         let now = Timestamp::from_second(1).expect("ts");
         let s = tenant_status(
             &t,

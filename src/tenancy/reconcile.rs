@@ -29,6 +29,8 @@ use crate::telemetry::Metrics;
 pub const CONTROLLER: &str = "tenant";
 /// How often a Tenant with a namespace in Conflict or Error is looked at again.
 const RECHECK: Duration = Duration::from_secs(30);
+/// How often a settled Tenant is re-applied anyway (repairs RoleBindings or quotas deleted by hand).
+const RESYNC: Duration = Duration::from_secs(300);
 
 /// Handed to every Tenant reconcile.
 pub struct TenantContext {
@@ -115,6 +117,7 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
     let claims = claims(ctx);
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
     let mut states = Vec::new();
+    let mut unsettled_error = false;
     for ns in &tenant.spec.namespaces {
         let existing = match namespaces.get_opt(ns).await {
             Ok(n) => n,
@@ -140,24 +143,39 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
             states.push(refused);
             continue;
         }
+        let was_onboarded = tenant
+            .status
+            .iter()
+            .flat_map(|s| s.namespaces.iter())
+            .any(|n| &n.name == ns && n.state == NamespaceState::Onboarded);
         let state = match onboard_namespace(tenant, ns, existing.is_some(), ctx).await {
             Ok(()) => NamespaceStatus {
                 name: ns.clone(),
                 state: NamespaceState::Onboarded,
                 message: format!("Flotilla manages Apps here through RoleBinding {OPERATOR_BINDING}"),
             },
+            // A failed re-apply of a namespace that was onboarded keeps it served (its
+            // RoleBindings are most likely still there); the message says what failed.
+            Err(e) if was_onboarded => {
+                unsettled_error = true;
+                NamespaceStatus {
+                    name: ns.clone(),
+                    state: NamespaceState::Onboarded,
+                    message: format!("re-applying onboarding failed, retrying: {e}"),
+                }
+            }
             Err(e) => NamespaceStatus { name: ns.clone(), state: NamespaceState::Error, message: e.to_string() },
         };
         states.push(state);
     }
     for ns in to_offboard(tenant) {
-        let state = match offboard_namespace(tenant, &ns, ctx).await {
-            Ok(()) => NamespaceStatus {
+        let state = match offboard_namespace(tenant, &ns, ctx, &claims).await {
+            Ok(skipped) => NamespaceStatus {
                 name: ns.clone(),
                 state: NamespaceState::Offboarded,
-                message: offboarded_message(tenant),
+                message: skipped.unwrap_or_else(|| offboarded_message(tenant)),
             },
-            Err(e) => NamespaceStatus { name: ns.clone(), state: NamespaceState::Error, message: e.to_string() },
+            Err(e) => NamespaceStatus { name: ns.clone(), state: NamespaceState::Offboarding, message: e.to_string() },
         };
         states.push(state);
     }
@@ -175,13 +193,17 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
                 NamespaceState::Conflict => (EventType::Warning, "Conflict"),
                 NamespaceState::Error => (EventType::Warning, "OnboardingFailed"),
                 NamespaceState::Pending => (EventType::Normal, "Pending"),
+                NamespaceState::Offboarding => (EventType::Warning, "OffboardingFailed"),
             };
             info!(tenant = me, namespace = ns.name, reason, "{}", ns.message);
             publish(ctx, &reference, type_, reason, format!("namespace {}: {}", ns.name, ns.message)).await;
         }
     }
-    let unsettled =
-        status.namespaces.iter().any(|n| matches!(n.state, NamespaceState::Conflict | NamespaceState::Error));
+    let unsettled = unsettled_error
+        || status
+            .namespaces
+            .iter()
+            .any(|n| matches!(n.state, NamespaceState::Conflict | NamespaceState::Error | NamespaceState::Offboarding));
     if tenant.status.as_ref() != Some(&status) {
         let api: Api<Tenant> = Api::all(ctx.client.clone());
         let patch = serde_json::json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "status": status});
@@ -189,7 +211,9 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
             .await
             .map_err(|source| TenantError::Status { name: me.clone(), source })?;
     }
-    Ok(if unsettled { Action::requeue(RECHECK) } else { Action::await_change() })
+    // Settled Tenants are still looked at now and then, so that a RoleBinding or quota deleted
+    // by hand is put back.
+    Ok(if unsettled { Action::requeue(RECHECK) } else { Action::requeue(RESYNC) })
 }
 
 fn offboarded_message(tenant: &Tenant) -> String {
@@ -232,62 +256,74 @@ async fn onboard_namespace(tenant: &Tenant, ns: &str, exists: bool, ctx: &Tenant
     Ok(())
 }
 
-/// Removes the operator's (and the admins') access to a namespace; deletes the namespace only
-/// when the tenant asks for it.
-async fn offboard_namespace(tenant: &Tenant, ns: &str, ctx: &TenantContext) -> Result<(), TenantError> {
+/// Removes the operator's (and the admins') access to a namespace this tenant onboarded,
+/// after checking again that it is still this tenant's: a namespace that now belongs to
+/// another tenant, or that is the operator's own or a system namespace, is left alone. The
+/// namespace itself is deleted only when the tenant asks for it and the namespace's label
+/// names this tenant. Returns why it was left alone, if it was.
+async fn offboard_namespace(
+    tenant: &Tenant,
+    ns: &str,
+    ctx: &TenantContext,
+    claims: &[Claim],
+) -> Result<Option<String>, TenantError> {
+    let me = tenant_name(tenant);
+    if let Some(refused) = refusal(ns, &me, None, &ctx.operator) {
+        return Ok(Some(format!("left alone: {}", refused.message)));
+    }
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let label = match namespaces.get_opt(ns).await {
+        Ok(Some(n)) => n.labels().get(LABEL_TENANT).cloned(),
+        Ok(None) => return Ok(Some("the namespace no longer exists".into())),
+        Err(source) => {
+            return Err(TenantError::Api {
+                action: "reading",
+                kind: "Namespace",
+                namespace: String::new(),
+                name: ns.into(),
+                source,
+            });
+        }
+    };
+    if let Some(owner) = namespace_owner(ns, claims, label.as_deref())
+        && owner != me
+    {
+        return Ok(Some(format!("now belongs to tenant {owner}; its access was left in place")));
+    }
     let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), ns);
     delete(&bindings, OPERATOR_BINDING, "RoleBinding").await?;
     delete(&bindings, ADMIN_BINDING, "RoleBinding").await?;
     let quotas: Api<ResourceQuota> = Api::namespaced(ctx.client.clone(), ns);
     delete(&quotas, QUOTA, "ResourceQuota").await?;
-    if tenant.spec.delete_namespaces_on_removal {
-        let api: Api<Namespace> = Api::all(ctx.client.clone());
-        delete(&api, ns, "Namespace").await?;
+    if tenant.spec.delete_namespaces_on_removal && label.as_deref() == Some(me.as_str()) {
+        delete(&namespaces, ns, "Namespace").await?;
     }
-    info!(tenant = tenant_name(tenant), namespace = ns, "offboarded namespace");
-    Ok(())
+    info!(tenant = me, namespace = ns, "offboarded namespace");
+    Ok(None)
 }
 
 /// On deletion of a Tenant: offboard every namespace it owns. Objects already gone count as
 /// cleaned up, so a finalizer whose namespaces were deleted by hand completes.
 async fn offboard_all(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantError> {
-    let me = tenant_name(tenant);
     let claims = claims(ctx);
-    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
     let mut candidates: Vec<String> = tenant.spec.namespaces.clone();
     for n in tenant.status.iter().flat_map(|s| s.namespaces.iter()) {
-        if n.state == NamespaceState::Onboarded && !candidates.contains(&n.name) {
+        if matches!(n.state, NamespaceState::Onboarded | NamespaceState::Offboarding) && !candidates.contains(&n.name) {
             candidates.push(n.name.clone());
         }
     }
     let reference = tenant.object_ref(&());
     for ns in candidates {
-        let label = match namespaces.get_opt(&ns).await {
-            Ok(Some(n)) => n.labels().get(LABEL_TENANT).cloned(),
-            Ok(None) => continue,
-            Err(source) => {
-                return Err(TenantError::Api {
-                    action: "reading",
-                    kind: "Namespace",
-                    namespace: String::new(),
-                    name: ns,
-                    source,
-                });
-            }
-        };
-        let owner = namespace_owner(&ns, &claims, label.as_deref()).unwrap_or(me.as_str());
-        if owner != me || refusal(&ns, &me, Some(owner), &ctx.operator).is_some() {
-            continue;
+        if offboard_namespace(tenant, &ns, ctx, &claims).await?.is_none() {
+            publish(
+                ctx,
+                &reference,
+                EventType::Normal,
+                "Offboarded",
+                format!("namespace {ns}: {}", offboarded_message(tenant)),
+            )
+            .await;
         }
-        offboard_namespace(tenant, &ns, ctx).await?;
-        publish(
-            ctx,
-            &reference,
-            EventType::Normal,
-            "Offboarded",
-            format!("namespace {ns}: {}", offboarded_message(tenant)),
-        )
-        .await;
     }
     Ok(Action::await_change())
 }

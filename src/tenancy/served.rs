@@ -32,6 +32,21 @@ pub fn served_namespaces<'a>(tenants: impl IntoIterator<Item = &'a Tenant>) -> B
         .collect()
 }
 
+/// The tenant of each onboarded namespace. Pure.
+pub fn namespace_tenants<'a>(tenants: impl IntoIterator<Item = &'a Tenant>) -> BTreeMap<String, String> {
+    tenants
+        .into_iter()
+        .flat_map(|t| {
+            let name = t.metadata.name.clone().unwrap_or_default();
+            t.status
+                .iter()
+                .flat_map(|s| s.namespaces.iter())
+                .filter(|n| n.state == NamespaceState::Onboarded)
+                .map(move |n| (n.name.clone(), name.clone()))
+        })
+        .collect()
+}
+
 /// What to start and stop to go from `running` to `wanted`. Pure.
 pub fn changes(running: &BTreeSet<String>, wanted: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
     (wanted.difference(running).cloned().collect(), running.difference(wanted).cloned().collect())
@@ -46,6 +61,7 @@ struct NamespaceWorker {
 async fn converge_workers(
     workers: &mut BTreeMap<String, NamespaceWorker>,
     wanted: &BTreeSet<String>,
+    owners: &BTreeMap<String, String>,
     client: &Client,
     reporter: &Reporter,
     metrics: &Metrics,
@@ -72,6 +88,7 @@ async fn converge_workers(
             reporter.clone(),
             metrics.clone(),
             Some(fence.clone()),
+            owners.get(&ns).cloned(),
             Arc::new(AtomicBool::new(false)),
             async move {
                 let _ = stop_rx.wait_for(|s| *s).await;
@@ -146,7 +163,8 @@ pub async fn serve_onboarded_namespaces(
             .into_iter()
             .filter(|ns| held.contains(&shard_of(ns, shards)))
             .collect();
-        converge_workers(&mut workers, &wanted, &client, &reporter, &metrics, &fence).await;
+        let owners = namespace_tenants(tenants.state().iter().map(|t| t.as_ref()));
+        converge_workers(&mut workers, &wanted, &owners, &client, &reporter, &metrics, &fence).await;
         let working: BTreeSet<u32> = workers.keys().map(|ns| shard_of(ns, shards)).collect();
         working_tx.send_replace(working);
         let ownership = Ownership { shards, held, served: wanted };
