@@ -248,7 +248,7 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     let reporter = kube::runtime::events::Reporter { controller: "flotilla".into(), instance: Some("test".into()) };
     let metrics = flotilla::telemetry::Metrics::new().expect("metrics");
     let (ctx, deployment_events, hpa_events) =
-        flotilla::app::controller::context(client.clone(), &scope, reporter, metrics, None, None);
+        flotilla::app::controller::context(client.clone(), &scope, reporter, metrics, None);
     use futures::StreamExt;
     tokio::spawn(deployment_events.for_each(|_| async {}));
     tokio::spawn(hpa_events.for_each(|_| async {}));

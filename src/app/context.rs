@@ -57,6 +57,7 @@ impl Context {
             hpas,
             synced,
             fence: None,
+            tenant: None,
             failures: Mutex::default(),
         }
     }

@@ -22,6 +22,14 @@ use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::watch_cache::cache;
 
+/// Who serves a namespace, when sharded: the write fence of this replica's shards and the
+/// tenant the namespace belongs to.
+#[derive(Clone, Debug)]
+pub struct ServedBy {
+    pub fence: Fence,
+    pub tenant: Option<String>,
+}
+
 /// Which namespaces this replica serves.
 #[derive(Clone, Debug)]
 pub enum Scope {
@@ -51,8 +59,7 @@ pub fn context(
     scope: &Scope,
     reporter: Reporter,
     metrics: Metrics,
-    fence: Option<Fence>,
-    tenant: Option<String>,
+    served_by: Option<ServedBy>,
 ) -> (
     Arc<Context>,
     impl Stream<Item = Result<Deployment, watcher::Error>> + Send + 'static,
@@ -65,8 +72,10 @@ pub fn context(
     let app_resource = ApiResource::erase::<App>(&());
     let caches = Caches { deployments, hpas, synced: vec![deployments_synced, hpas_synced] };
     let mut ctx = Context::new(client, recorder, metrics, app_resource, caches);
-    ctx.fence = fence;
-    ctx.tenant = tenant;
+    if let Some(s) = served_by {
+        ctx.fence = Some(s.fence);
+        ctx.tenant = s.tenant;
+    }
     let ctx = Arc::new(ctx);
     (ctx, deployment_events, hpa_events)
 }
@@ -88,15 +97,14 @@ pub fn app_controller(
     scope: Scope,
     reporter: Reporter,
     metrics: Metrics,
-    fence: Option<Fence>,
-    tenant: Option<String>,
+    served_by: Option<ServedBy>,
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> {
     let app_resource = ApiResource::erase::<App>(&());
     let (apps, apps_synced, app_events) =
         cache::<DynamicObject>(apps_api(&client, &scope), watcher::Config::default(), app_resource.clone());
-    let (ctx, deployment_events, hpa_events) = context(client, &scope, reporter, metrics, fence, tenant);
+    let (ctx, deployment_events, hpa_events) = context(client, &scope, reporter, metrics, served_by);
     let controller = Controller::for_stream_with(app_events, apps, app_resource)
         .owns_stream(deployment_events)
         .owns_stream(hpa_events)

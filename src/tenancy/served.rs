@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use tracing::info;
 
 use crate::api::{NamespaceState, Tenant};
-use crate::app::controller::{Scope, app_controller};
+use crate::app::controller::{Scope, ServedBy, app_controller};
 use crate::sharding::fence::Fence;
 use crate::sharding::shard_of;
 use crate::telemetry::Metrics;
@@ -87,8 +87,7 @@ async fn converge_workers(
             Scope::Namespace(ns.clone()),
             reporter.clone(),
             metrics.clone(),
-            Some(fence.clone()),
-            owners.get(&ns).cloned(),
+            Some(ServedBy { fence: fence.clone(), tenant: owners.get(&ns).cloned() }),
             Arc::new(AtomicBool::new(false)),
             async move {
                 let _ = stop_rx.wait_for(|s| *s).await;
