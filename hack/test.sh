@@ -13,7 +13,9 @@ step() { echo; echo "== $* ($(( $(date +%s) - t0 ))s)"; }
 step "prerequisites"
 bash "$here/prerequisites.sh"
 
-step "local control plane (built once, cached in $FLOTILLA_CACHE)"
+step "local control plane and trace backend (built once, cached in $FLOTILLA_CACHE)"
+bash "$here/build-control-plane.sh"
+bash "$here/build-jaeger.sh"
 bash "$here/cluster.sh" up flotilla-test
 export FLOTILLA_TEST_KUBECONFIG
 FLOTILLA_TEST_KUBECONFIG=$(bash "$here/cluster.sh" kubeconfig flotilla-test)

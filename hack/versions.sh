@@ -11,3 +11,6 @@ KWOK_BIN=$FLOTILLA_CACHE/kwok-$KWOK_VERSION
 # Cargo's target dir lives outside the clone so that a fresh clone (CI) builds warm.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$FLOTILLA_CACHE/target}
 export PATH=$K8S_BIN:$ETCD_BIN:$KWOK_BIN:$HOME/.cargo/bin:/usr/local/go/bin:$PATH
+JAEGER_VERSION=v1.76.0
+JAEGER_BIN=$FLOTILLA_CACHE/jaeger-$JAEGER_VERSION
+export PATH=$JAEGER_BIN:$PATH

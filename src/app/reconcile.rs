@@ -43,7 +43,7 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
         span.record("tenant", tenant.as_str());
     }
     if let Some(fence) = &ctx.fence {
-        span.record("shard", fence.shard_of(&namespace));
+        span.record("shard", i64::from(fence.shard_of(&namespace)));
     }
     span.record("namespace", namespace);
     span.record("app", obj.name_any());

@@ -2,7 +2,7 @@
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing_subscriber::{EnvFilter, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
 
 /// Keeps the trace exporter alive; dropping it flushes pending spans.
 pub struct TelemetryGuard {
@@ -40,14 +40,22 @@ pub fn init(json: bool, service_name: &str) -> Result<TelemetryGuard, TelemetryE
     } else {
         None
     };
-    let otel = provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("flotilla")));
-    let registry = tracing_subscriber::registry().with(filter).with(otel);
+    // Traces get every reconcile span and, as its children, the API calls kube-client makes
+    // (its HTTP spans are at debug level), whatever the log level.
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("flotilla"))
+            .with_filter(EnvFilter::new("info,kube_client=debug"))
+    });
+    let registry = tracing_subscriber::registry().with(otel);
     if json {
         registry
-            .with(tracing_subscriber::fmt::layer().json().flatten_event(true).with_current_span(true))
+            .with(
+                tracing_subscriber::fmt::layer().json().flatten_event(true).with_current_span(true).with_filter(filter),
+            )
             .try_init()?;
     } else {
-        registry.with(tracing_subscriber::fmt::layer()).try_init()?;
+        registry.with(tracing_subscriber::fmt::layer().with_filter(filter)).try_init()?;
     }
     Ok(TelemetryGuard { provider })
 }

@@ -188,6 +188,11 @@ impl Operator {
     /// Starts `flotilla run` with the given kubeconfig and extra arguments, and waits until it
     /// is ready. Its log goes to the temp dir, named after `id`.
     pub async fn start_with(kubeconfig: &Path, args: &[&str], id: &str) -> Self {
+        Self::start_with_env(kubeconfig, args, id, &[]).await
+    }
+
+    /// Like `start_with`, with extra environment variables.
+    pub async fn start_with_env(kubeconfig: &Path, args: &[&str], id: &str, env: &[(&str, &str)]) -> Self {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("flotilla-e2e-{id}.log"));
         let log_file = std::fs::File::create(&log).expect("operator log file");
@@ -199,6 +204,7 @@ impl Operator {
             .arg(kubeconfig)
             .args(["--replica-id", id])
             .env("RUST_LOG", "info,flotilla=debug")
+            .envs(env.iter().copied())
             .stdout(log_file.try_clone().expect("log"))
             .stderr(log_file)
             .kill_on_drop(true)
