@@ -35,16 +35,7 @@ kubectl apply --server-side -f crds/flotilla.dev.yaml >/dev/null
 kubectl wait --for=condition=Established crd/apps.flotilla.dev crd/tenants.flotilla.dev >/dev/null
 kubectl apply -f deploy/base/namespace.yaml >/dev/null
 kubectl apply -k rbac >/dev/null
-server=$(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')
-token=$(kubectl -n flotilla-system create token flotilla --duration=24h)
-cat >"$WORK/op.kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters: [{name: local, cluster: {server: "$server", certificate-authority: "$KWOK_WORKDIR/clusters/$CLUSTER/pki/ca.crt"}}]
-users: [{name: op, user: {token: "$token"}}]
-contexts: [{name: op, context: {cluster: local, user: op}}]
-current-context: op
-KC
+bash hack/operator-kubeconfig.sh "$CLUSTER" "$WORK/op.kubeconfig"
 
 start_replica() {
   local id=$1 port=$2

@@ -45,22 +45,7 @@ kubectl apply -f deploy/base/namespace.yaml >/dev/null
 kubectl apply -k rbac >/dev/null
 
 # The operator runs as system:serviceaccount:flotilla-system:flotilla, not as admin.
-server=$(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')
-token=$(kubectl -n flotilla-system create token flotilla --duration=24h)
-cat > "$DEMO/operator.kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster: {server: "$server", certificate-authority: "$KWOK_WORKDIR/clusters/$CLUSTER/pki/ca.crt"}
-users:
-- name: flotilla
-  user: {token: "$token"}
-contexts:
-- name: flotilla
-  context: {cluster: local, user: flotilla}
-current-context: flotilla
-KC
+bash "$here/operator-kubeconfig.sh" "$CLUSTER" "$DEMO/operator.kubeconfig"
 
 stop_operators
 for i in $(seq 0 $((REPLICAS - 1))); do

@@ -9,6 +9,16 @@ fn replica_id(explicit: Option<String>) -> String {
     })
 }
 
+/// The async runtime, or an error message for the user.
+fn runtime(multi_thread: bool) -> Result<tokio::runtime::Runtime, String> {
+    let mut builder = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    builder.enable_all().build().map_err(|e| format!("error: starting the async runtime: {e}"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -23,10 +33,10 @@ fn main() -> ExitCode {
             }
         },
         Command::Shards(args) => {
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            let runtime = match runtime(false) {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: starting the async runtime: {e}");
+                Err(message) => {
+                    eprintln!("{message}");
                     return ExitCode::FAILURE;
                 }
             };
@@ -58,10 +68,10 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::FAILURE;
             }
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match runtime(true) {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: starting the async runtime: {e}");
+                Err(message) => {
+                    eprintln!("{message}");
                     return ExitCode::FAILURE;
                 }
             };

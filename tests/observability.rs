@@ -4,13 +4,11 @@
 
 mod support;
 
-use flotilla::api::{App, AppPhase, NamespaceState, Tenant};
-use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use support::{Operator, admin_client, http_get, install_crds, operator_kubeconfig, wait_for};
+use support::{Operator, admin_client, http_get, install_crds, onboarded_healthy_app, operator_kubeconfig, wait_for};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -91,28 +89,7 @@ async fn prometheus_scrapes_the_operator_and_every_query_returns_data() {
 
     // Some work, so that every kind of series moves.
     let ns = format!("obs-{:05x}", std::process::id() & 0xfffff);
-    let t: Tenant = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": ns}, "spec": {"namespaces": [ns]},
-    }))
-    .expect("tenant");
-    Api::<Tenant>::all(client.clone()).create(&PostParams::default(), &t).await.expect("tenant");
-    let tenants: Api<Tenant> = Api::all(client.clone());
-    wait_for(Duration::from_secs(60), "namespace onboarded", || async {
-        let s = tenants.get(&ns).await.ok()?.status?;
-        s.namespaces.iter().any(|n| n.state == NamespaceState::Onboarded).then_some(())
-    })
-    .await;
-    let app: App = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "metadata": {"name": "web", "namespace": ns},
-        "spec": {"image": "registry.example.com/obs/web", "version": "1", "replicas": 1},
-    }))
-    .expect("app");
-    let apps: Api<App> = Api::namespaced(client.clone(), &ns);
-    apps.create(&PostParams::default(), &app).await.expect("app");
-    wait_for(Duration::from_secs(60), "App Healthy", || async {
-        (apps.get("web").await.ok()?.status?.phase == Some(AppPhase::Healthy)).then_some(())
-    })
-    .await;
+    onboarded_healthy_app(&client, &ns, "web").await;
 
     let dir = std::env::temp_dir().join(format!("flotilla-prometheus-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("prometheus dir");

@@ -4,13 +4,11 @@
 
 mod support;
 
-use flotilla::api::{App, AppPhase, NamespaceState, Tenant};
-use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
-use support::{Operator, admin_client, http_get, install_crds, operator_kubeconfig, wait_for};
+use support::{Operator, admin_client, http_get, install_crds, onboarded_healthy_app, operator_kubeconfig, wait_for};
 
 fn jaeger() -> PathBuf {
     let root = env!("CARGO_MANIFEST_DIR");
@@ -62,28 +60,7 @@ async fn reconcile_spans_reach_jaeger_with_their_attributes() {
     let _op = Operator::start_with_env(&kubeconfig, &[], "traces", &env).await;
 
     let ns = format!("traced-{:05x}", std::process::id() & 0xfffff);
-    let t: Tenant = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": ns}, "spec": {"namespaces": [ns]},
-    }))
-    .expect("tenant");
-    Api::<Tenant>::all(client.clone()).create(&PostParams::default(), &t).await.expect("tenant");
-    let tenants: Api<Tenant> = Api::all(client.clone());
-    wait_for(Duration::from_secs(60), "namespace onboarded", || async {
-        let s = tenants.get(&ns).await.ok()?.status?;
-        s.namespaces.iter().any(|n| n.state == NamespaceState::Onboarded).then_some(())
-    })
-    .await;
-    let app: App = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "metadata": {"name": "traced", "namespace": ns},
-        "spec": {"image": "registry.example.com/obs/traced", "version": "1", "replicas": 1},
-    }))
-    .expect("app");
-    let apps: Api<App> = Api::namespaced(client.clone(), &ns);
-    apps.create(&PostParams::default(), &app).await.expect("app");
-    wait_for(Duration::from_secs(60), "App Healthy", || async {
-        (apps.get("traced").await.ok()?.status?.phase == Some(AppPhase::Healthy)).then_some(())
-    })
-    .await;
+    onboarded_healthy_app(&client, &ns, "traced").await;
 
     let expected_shard = flotilla::sharding::shard_of(&ns, 32);
     let trace = wait_for(Duration::from_secs(60), "a reconcile trace of the App in Jaeger", || async {

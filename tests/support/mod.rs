@@ -227,14 +227,9 @@ impl Operator {
 
 /// Runs kubectl as admin against the test cluster; panics with its output when it fails.
 pub fn kubectl_ok(args: &[&str]) -> String {
-    let out = std::process::Command::new(kubectl())
-        .arg("--kubeconfig")
-        .arg(kubeconfig())
-        .args(args)
-        .output()
-        .expect("running kubectl");
-    assert!(out.status.success(), "kubectl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).to_string()
+    let (ok, out) = kubectl_try(args);
+    assert!(ok, "kubectl {args:?} failed: {out}");
+    out
 }
 
 /// Runs kubectl as admin and returns (success, stdout + stderr).
@@ -323,4 +318,33 @@ pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let code = buf.split_whitespace().nth(1)?.parse().ok()?;
     let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     Some((code, body))
+}
+
+/// A Tenant named like its only namespace, onboarded, with one App of one replica that is
+/// Healthy: some real work for the tests of what the operator reports about itself.
+pub async fn onboarded_healthy_app(client: &Client, namespace: &str, app: &str) {
+    use flotilla::api::{App, AppPhase, NamespaceState, Tenant};
+    let tenant: Tenant = serde_json::from_value(serde_json::json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": namespace},
+        "spec": {"namespaces": [namespace]},
+    }))
+    .expect("tenant");
+    let tenants: Api<Tenant> = Api::all(client.clone());
+    tenants.create(&PostParams::default(), &tenant).await.expect("creating Tenant");
+    wait_for(Duration::from_secs(60), "namespace onboarded", || async {
+        let s = tenants.get(namespace).await.ok()?.status?;
+        s.namespaces.iter().any(|n| n.state == NamespaceState::Onboarded).then_some(())
+    })
+    .await;
+    let object: App = serde_json::from_value(serde_json::json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "metadata": {"name": app, "namespace": namespace},
+        "spec": {"image": format!("registry.example.com/tests/{app}"), "version": "1", "replicas": 1},
+    }))
+    .expect("app");
+    let apps: Api<App> = Api::namespaced(client.clone(), namespace);
+    apps.create(&PostParams::default(), &object).await.expect("creating App");
+    wait_for(Duration::from_secs(60), "App Healthy", || async {
+        (apps.get(app).await.ok()?.status?.phase == Some(AppPhase::Healthy)).then_some(())
+    })
+    .await;
 }
