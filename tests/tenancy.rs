@@ -130,8 +130,12 @@ async fn unonboarded_namespace_is_refused(client: Client) {
     })
     .await;
     assert_eq!(app.status.as_ref().and_then(|s| s.phase), Some(AppPhase::Degraded));
-    let (_, events) = kubectl_try(&["-n", &ns, "get", "events", "-o", "jsonpath={.items[*].reason}"]);
-    assert!(events.contains("NamespaceNotOnboarded"), "Warning Event on the App; got {events}");
+    // The Event is recorded right after the status write.
+    wait_for(Duration::from_secs(10), "a NamespaceNotOnboarded Warning Event on the App", || async {
+        let (_, events) = kubectl_try(&["-n", &ns, "get", "events", "-o", "jsonpath={.items[*].reason}"]);
+        events.contains("NamespaceNotOnboarded").then_some(())
+    })
+    .await;
     assert!(Api::<Deployment>::namespaced(client.clone(), &ns).get_opt("orphan").await.expect("get").is_none());
 
     let before = audit_events_in(&ns).len();
