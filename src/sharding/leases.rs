@@ -216,6 +216,20 @@ impl Leases {
         }
     }
 
+    /// Deletes the membership Lease of a replica that stopped renewing it, if it is still the
+    /// version that was read (a replica that came back in between keeps its Lease).
+    pub async fn forget_member(&self, stale: &Lease) {
+        let Some(name) = stale.metadata.name.clone() else { return };
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: stale.metadata.resource_version.clone(),
+                uid: stale.metadata.uid.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        let _ = self.bounded("deleting", &name, self.api.delete(&name, &params)).await;
+    }
+
     /// Removes this replica's membership Lease on shutdown.
     pub async fn leave(&self) {
         let name = member_lease_name(&self.me);

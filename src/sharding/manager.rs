@@ -150,6 +150,17 @@ pub async fn run_shard_manager(
             tracker.observe(&name, holder(l), l.metadata.resource_version.as_deref().unwrap_or_default(), now_ms);
         }
         tracker.retain(&present);
+        // Membership Leases of replicas that died without leaving (kill -9) are removed once
+        // they have been unchanged for ten lease durations.
+        for l in all.iter().filter(|l| {
+            l.metadata.labels.as_ref().and_then(|m| m.get(LABEL_LEASE)).map(String::as_str) == Some("member")
+        }) {
+            let name = l.metadata.name.as_deref().unwrap_or_default();
+            if holder(l) != Some(me.as_str()) && tracker.is_free(name, now_ms, settings.lease_duration * 10) {
+                info!(lease = name, "removing the membership Lease of a replica that is gone");
+                leases.forget_member(l).await;
+            }
+        }
         let live: BTreeSet<String> = all
             .iter()
             .filter(|l| {
