@@ -14,14 +14,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use support::{Operator, admin_client, audit_log, install_crds, operator_kubeconfig, wait_for};
+use support::{Operator, admin_client, audit_log, install_crds, operator_kubeconfig, unique, wait_for};
 
 const SHARDS: u32 = 32;
-
-fn unique(prefix: &str) -> String {
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    format!("{prefix}-{:05x}", (n ^ std::process::id()) & 0xfffff)
-}
 
 /// Holder of every shard Lease (None when free).
 async fn holders(client: &Client) -> BTreeMap<u32, Option<String>> {

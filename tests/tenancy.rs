@@ -14,16 +14,12 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParam
 use serde_json::{Value, json};
 use std::time::Duration;
 use support::{
-    Operator, admin_client, audit_events_in, install_crds, kubectl_ok, kubectl_try, operator_kubeconfig, wait_for,
+    Operator, admin_client, audit_events_in, install_crds, kubectl_ok, kubectl_try, operator_kubeconfig, unique,
+    wait_for,
 };
 
 const SETTLE: Duration = Duration::from_secs(60);
 const OPERATOR_SA: &str = "system:serviceaccount:flotilla-system:flotilla";
-
-fn unique(prefix: &str) -> String {
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    format!("{prefix}-{:05x}", (n ^ std::process::id()) & 0xfffff)
-}
 
 async fn create_tenant(client: &Client, name: &str, spec: Value) -> Tenant {
     let t: Tenant = serde_json::from_value(json!({

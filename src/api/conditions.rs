@@ -3,6 +3,13 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+/// Now, truncated to whole seconds as the apiserver stores condition times, so that a
+/// status computed now compares equal to the one read back.
+pub fn now_to_the_second() -> Timestamp {
+    let now = Timestamp::now();
+    Timestamp::from_second(now.as_second()).unwrap_or(now)
+}
+
 /// A condition as the planner wants it, before a transition time is attached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredCondition {

@@ -4,7 +4,7 @@
 
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{Controller, watcher};
@@ -15,8 +15,9 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::controller::{Scope, apps_api};
-use super::names::FIELD_MANAGER;
-use crate::api::conditions::{DesiredCondition, merge_conditions};
+use super::error::ReconcileError;
+use super::reconcile::write_status;
+use crate::api::conditions::{DesiredCondition, merge_conditions, now_to_the_second};
 use crate::api::{App, AppPhase, AppStatus};
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
@@ -32,17 +33,6 @@ struct GuardContext {
     app_resource: kube::api::ApiResource,
     ownership: watch::Receiver<Ownership>,
     fence: Fence,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum GuardError {
-    #[error("writing status of App {namespace}/{name}: {source}")]
-    Status {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
 }
 
 /// The status that explains why nothing happens, or `None` when the App already shows it. Pure.
@@ -66,7 +56,7 @@ pub fn not_onboarded_status(app: &App, now: Timestamp) -> Option<AppStatus> {
     })
 }
 
-async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Action, GuardError> {
+async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Action, ReconcileError> {
     let namespace = obj.namespace().unwrap_or_default();
     {
         let ownership = ctx.ownership.borrow();
@@ -79,7 +69,7 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
     let Ok(app) = serde_json::to_value(obj.as_ref()).and_then(serde_json::from_value::<App>) else {
         return Ok(Action::await_change());
     };
-    let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
+    let now = now_to_the_second();
     let Some(status) = not_onboarded_status(&app, now) else {
         return Ok(Action::await_change());
     };
@@ -87,13 +77,7 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
     if !ctx.fence.may_write(&namespace) {
         return Ok(Action::await_change());
     }
-    let api: Api<App> = Api::namespaced(ctx.client.clone(), &namespace);
-    let patch = serde_json::json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "status": status});
-    let result = api
-        .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
-        .await
-        .map(|_| ())
-        .map_err(|source| GuardError::Status { namespace: namespace.clone(), name: name.clone(), source });
+    let result = write_status(&ctx.client, &namespace, &name, &status).await;
     ctx.metrics.reconciled("guard", started.elapsed(), result.as_ref().err().map(|_| "refused"));
     result?;
     ctx.metrics.app_not_onboarded();
@@ -115,7 +99,7 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
     Ok(Action::await_change())
 }
 
-fn error_policy(_obj: Arc<DynamicObject>, err: &GuardError, _ctx: Arc<GuardContext>) -> Action {
+fn error_policy(_obj: Arc<DynamicObject>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
     warn!(error = %err, "could not report an App outside onboarded namespaces");
     Action::requeue(std::time::Duration::from_secs(60))
 }

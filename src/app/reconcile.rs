@@ -3,7 +3,6 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -129,14 +128,14 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     }
 
     let blocker = failure.as_ref().map(|e| Blocker { reason: e.reason().to_string(), message: e.to_string() });
-    let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
+    let now = crate::api::conditions::now_to_the_second();
     let status = desired_status(&app, deployment.as_ref(), blocker.as_ref(), now);
     if app.status.as_ref() != Some(&status) {
         if !ctx.may_write(&namespace) {
             return Err(fenced());
         }
         let previous_phase = app.status.as_ref().and_then(|s| s.phase);
-        write_status(ctx, &namespace, &name, &status).await?;
+        write_status(&ctx.client, &namespace, &name, &status).await?;
         if previous_phase != status.phase && status.phase == Some(AppPhase::Healthy) {
             let note = format!(
                 "version {} is available with {} replicas",
@@ -226,13 +225,15 @@ where
     })
 }
 
-async fn write_status(
-    ctx: &Context,
+/// Writes an App's whole status with server-side apply (the operator's field manager owns
+/// every status field, so fields left out are removed).
+pub(crate) async fn write_status(
+    client: &kube::Client,
     namespace: &str,
     name: &str,
     status: &crate::api::AppStatus,
 ) -> Result<(), ReconcileError> {
-    let api: Api<App> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<App> = Api::namespaced(client.clone(), namespace);
     let patch = serde_json::json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "status": status});
     api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await

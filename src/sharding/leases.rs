@@ -32,6 +32,11 @@ pub fn member_lease_name(replica: &str) -> String {
     format!("flotilla-member-{}", &clean[..clean.len().min(200)])
 }
 
+/// Whether a Lease is a replica's membership Lease (and not a shard Lease).
+pub fn is_member(lease: &Lease) -> bool {
+    lease.metadata.labels.as_ref().and_then(|m| m.get(LABEL_LEASE)).map(String::as_str) == Some("member")
+}
+
 pub fn holder(lease: &Lease) -> Option<&str> {
     lease.spec.as_ref()?.holder_identity.as_deref().filter(|h| !h.is_empty())
 }

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::fence::Fence;
-use super::leases::{LABEL_LEASE, LABEL_SHARDS, Leases, holder, shard_lease_name, shard_of_lease};
+use super::leases::{LABEL_SHARDS, Leases, holder, is_member, shard_lease_name, shard_of_lease};
 use super::plan::{ExpiryTracker, plan};
 use crate::telemetry::Metrics;
 
@@ -152,9 +152,7 @@ pub async fn run_shard_manager(
         tracker.retain(&present);
         // Membership Leases of replicas that died without leaving (kill -9) are removed once
         // they have been unchanged for ten lease durations.
-        for l in all.iter().filter(|l| {
-            l.metadata.labels.as_ref().and_then(|m| m.get(LABEL_LEASE)).map(String::as_str) == Some("member")
-        }) {
+        for l in all.iter().filter(|l| is_member(l)) {
             let name = l.metadata.name.as_deref().unwrap_or_default();
             if holder(l) != Some(me.as_str()) && tracker.is_free(name, now_ms, settings.lease_duration * 10) {
                 info!(lease = name, "removing the membership Lease of a replica that is gone");
@@ -163,9 +161,7 @@ pub async fn run_shard_manager(
         }
         let live: BTreeSet<String> = all
             .iter()
-            .filter(|l| {
-                l.metadata.labels.as_ref().and_then(|m| m.get(LABEL_LEASE)).map(String::as_str) == Some("member")
-            })
+            .filter(|l| is_member(l))
             .filter(|l| {
                 tracker.is_live(l.metadata.name.as_deref().unwrap_or_default(), now_ms, settings.lease_duration)
                     || holder(l) == Some(me.as_str())
@@ -186,9 +182,7 @@ pub async fn run_shard_manager(
         let mine: BTreeSet<u32> = held.keys().copied().collect();
         let mismatched: Vec<String> = all
             .iter()
-            .filter(|l| {
-                l.metadata.labels.as_ref().and_then(|m| m.get(LABEL_LEASE)).map(String::as_str) == Some("member")
-            })
+            .filter(|l| is_member(l))
             .filter(|l| holder(l).is_some_and(|h| live.contains(h)))
             .filter_map(|l| l.metadata.labels.as_ref()?.get(LABEL_SHARDS).cloned())
             .filter(|n| *n != settings.shards.to_string())

@@ -3,7 +3,6 @@
 
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -180,7 +179,7 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
         states.push(state);
     }
 
-    let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
+    let now = crate::api::conditions::now_to_the_second();
     let status = tenant_status(tenant, states, now);
     let reference = tenant.object_ref(&());
     let previous = tenant.status.clone().unwrap_or_default();

@@ -21,21 +21,11 @@ use crate::sharding::shard_of;
 use crate::telemetry::Metrics;
 use crate::watch_cache::cache;
 
-/// Namespaces some Tenant reports as onboarded. Pure.
-pub fn served_namespaces<'a>(tenants: impl IntoIterator<Item = &'a Tenant>) -> BTreeSet<String> {
+/// Namespaces some Tenant (not being deleted) reports as onboarded, with that Tenant's name. Pure.
+pub fn served_namespaces<'a>(tenants: impl IntoIterator<Item = &'a Tenant>) -> BTreeMap<String, String> {
     tenants
         .into_iter()
         .filter(|t| t.metadata.deletion_timestamp.is_none())
-        .flat_map(|t| t.status.iter().flat_map(|s| s.namespaces.iter()))
-        .filter(|n| n.state == NamespaceState::Onboarded)
-        .map(|n| n.name.clone())
-        .collect()
-}
-
-/// The tenant of each onboarded namespace. Pure.
-pub fn namespace_tenants<'a>(tenants: impl IntoIterator<Item = &'a Tenant>) -> BTreeMap<String, String> {
-    tenants
-        .into_iter()
         .flat_map(|t| {
             let name = t.metadata.name.clone().unwrap_or_default();
             t.status
@@ -158,11 +148,9 @@ pub async fn serve_onboarded_namespaces(
         }
         ready.store(true, Ordering::SeqCst);
         let held = held_rx.borrow_and_update().clone();
-        let wanted: BTreeSet<String> = served_namespaces(tenants.state().iter().map(|t| t.as_ref()))
-            .into_iter()
-            .filter(|ns| held.contains(&shard_of(ns, shards)))
-            .collect();
-        let owners = namespace_tenants(tenants.state().iter().map(|t| t.as_ref()));
+        let owners = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
+        let wanted: BTreeSet<String> =
+            owners.keys().filter(|ns| held.contains(&shard_of(ns, shards))).cloned().collect();
         converge_workers(&mut workers, &wanted, &owners, &client, &reporter, &metrics, &fence).await;
         let working: BTreeSet<u32> = workers.keys().map(|ns| shard_of(ns, shards)).collect();
         working_tx.send_replace(working);
@@ -207,8 +195,8 @@ mod tests {
     fn only_onboarded_namespaces_are_served() {
         let a = tenant(&[("a1", NamespaceState::Onboarded), ("a2", NamespaceState::Conflict)]);
         let b = tenant(&[("b1", NamespaceState::Offboarded), ("b2", NamespaceState::Onboarded)]);
-        let served = served_namespaces([&a, &b]);
-        assert_eq!(served.into_iter().collect::<Vec<_>>(), vec!["a1", "b2"]);
+        let served: Vec<String> = served_namespaces([&a, &b]).into_keys().collect();
+        assert_eq!(served, vec!["a1", "b2"]);
     }
 
     #[test]

@@ -119,6 +119,12 @@ where
     }
 }
 
+/// A name for a test's own objects: `prefix` and five hex digits from the clock and pid.
+pub fn unique(prefix: &str) -> String {
+    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{prefix}-{:05x}", (n ^ std::process::id()) & 0xfffff)
+}
+
 /// A namespace of one test; deleted when the test ends.
 pub struct TestNamespace {
     pub name: String,
