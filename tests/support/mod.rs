@@ -3,6 +3,8 @@
 //! per test that serves only that namespace.
 #![allow(dead_code)]
 
+pub mod prometheus;
+
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
