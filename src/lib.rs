@@ -4,6 +4,7 @@ pub mod api;
 pub mod app;
 pub mod cli;
 pub mod operator;
+pub mod rollout;
 pub mod sharding;
 pub mod telemetry;
 pub mod tenancy;

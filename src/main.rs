@@ -97,6 +97,7 @@ fn main() -> ExitCode {
                             .max(std::time::Duration::from_millis(100)),
                         ..Default::default()
                     },
+                    prometheus_url: args.prometheus_url,
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,

@@ -258,11 +258,13 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     let scope = flotilla::app::controller::Scope::Namespace(ns.name.clone());
     let reporter = kube::runtime::events::Reporter { controller: "flotilla".into(), instance: Some("test".into()) };
     let metrics = flotilla::telemetry::Metrics::new().expect("metrics");
-    let (ctx, deployment_events, hpa_events) =
-        flotilla::app::controller::context(client.clone(), &scope, reporter, metrics, None);
+    let analyzer = flotilla::rollout::Analyzer::new(None).expect("analyzer");
+    let shared = flotilla::app::controller::Shared { reporter, metrics, analyzer };
+    let (ctx, streams) = flotilla::app::controller::context(client.clone(), &scope, shared, None);
     use futures::StreamExt;
-    tokio::spawn(deployment_events.for_each(|_| async {}));
-    tokio::spawn(hpa_events.for_each(|_| async {}));
+    tokio::spawn(streams.deployments.for_each(|_| async {}));
+    tokio::spawn(streams.hpas.for_each(|_| async {}));
+    tokio::spawn(streams.services.for_each(|_| async {}));
     let dynamic = flotilla::app::controller::apps_api(&client, &scope);
     for name in ["quiet", "still"] {
         for _ in 0..100 {

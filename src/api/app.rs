@@ -4,12 +4,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+pub use super::rollout::{Analysis, Strategy};
+use super::rollout::{AnalysisStatus, CanaryStatus, FailedVersion, RolloutProgress, RolloutRecord};
+
 /// Longest App name: every object derived from it (`<name>`, `<name>-canary`, and the
 /// `app.kubernetes.io/name` label) must stay a valid 63-character DNS label.
 pub const MAX_APP_NAME_LEN: usize = 56;
 
 /// Desired state of an application managed by Flotilla.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "flotilla.dev",
     version = "v1alpha1",
@@ -20,6 +23,7 @@ pub const MAX_APP_NAME_LEN: usize = 56;
     category = "flotilla",
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version","description":"Desired version"}"#,
     printcolumn = r#"{"name":"Current","type":"string","jsonPath":".status.currentVersion","description":"Last version that completed"}"#,
+    printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".status.canary.weight","description":"Share of replicas on the new version during a canary, in percent"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready","description":"Ready replicas / desired replicas"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
@@ -47,6 +51,37 @@ pub struct AppSpec {
     /// Scale with a HorizontalPodAutoscaler instead of a fixed replica count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Autoscaling>,
+
+    /// Port the application listens on (default 8080). The App's Service sends its port 80 there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+
+    /// Seconds a new pod must be ready before it counts as available (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub min_ready_seconds: Option<i32>,
+
+    /// Annotations for the App's pods (for example scrape settings). Part of the pod template: changing them restarts the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_annotations: Option<std::collections::BTreeMap<String, String>>,
+
+    /// How a new `version` replaces the running one: `Rolling` (default) or `Canary`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
+
+    /// Prometheus checks that gate every rollout of a new version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<Analysis>,
+
+    /// Roll back by itself when a check fails `failureLimit` times or the new version does not become available in time (default true). When false, the rollout stops in phase Paused for a person to abort or promote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_rollback: Option<bool>,
+
+    /// Seconds the new version may take to become available, per canary step or for a whole rolling update, before the rollout counts as failed (10 to 3600, default 600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 3600))]
+    pub progress_deadline_seconds: Option<i32>,
 }
 
 /// Bounds and target of the HorizontalPodAutoscaler Flotilla manages for an App.
@@ -88,6 +123,27 @@ pub struct AppStatus {
     /// Summary of where the App stands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<AppPhase>,
+    /// The version being rolled out (equal to `currentVersion` when no rollout is under way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_version: Option<String>,
+    /// Progress of the rollout of `targetVersion`, while one is under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutProgress>,
+    /// Step, weight and replicas of a canary rollout, while one is under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryStatus>,
+    /// Measurements of the current (or last) rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<AnalysisStatus>,
+    /// The version last rolled back, which is not tried again until the spec changes or a user retries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_version: Option<FailedVersion>,
+    /// The last `flotilla.dev/action` request acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handled_action: Option<String>,
+    /// The latest finished rollouts, newest first (at most 10).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<RolloutRecord>,
     /// Conditions: `Ready` says whether the desired version serves with all its replicas.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -100,8 +156,12 @@ pub enum AppPhase {
     Healthy,
     /// The operator is moving the App towards its desired state.
     Progressing,
-    /// The operator cannot reach the desired state (for example it lacks the rights in this namespace).
+    /// A rollout waits: a person paused it, a check had no usable data, or a check failed with autoRollback off.
+    Paused,
+    /// The operator cannot reach the desired state (for example it lacks the rights in this namespace, or a query is invalid).
     Degraded,
+    /// The last rollout failed and the stable version runs again.
+    RolledBack,
 }
 
 impl AppPhase {
@@ -109,7 +169,9 @@ impl AppPhase {
         match self {
             AppPhase::Healthy => "Healthy",
             AppPhase::Progressing => "Progressing",
+            AppPhase::Paused => "Paused",
             AppPhase::Degraded => "Degraded",
+            AppPhase::RolledBack => "RolledBack",
         }
     }
 }

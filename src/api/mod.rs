@@ -2,9 +2,14 @@
 
 pub mod app;
 pub mod conditions;
+pub mod rollout;
 pub mod tenant;
 
 pub use app::{App, AppPhase, AppSpec, AppStatus, Autoscaling};
+pub use rollout::{
+    Analysis, AnalysisStatus, CanaryStatus, CanaryStep, CanaryStrategy, FailedVersion, Measurement, MeasurementResult,
+    MetricCheck, RollingStrategy, RolloutProgress, RolloutRecord, RolloutResult, Strategy, StrategyType,
+};
 pub use tenant::{
     NamespaceState, NamespaceStatus, Subject, SubjectKind, Tenant, TenantQuota, TenantSpec, TenantStatus,
 };

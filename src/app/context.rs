@@ -2,6 +2,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Service;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
@@ -10,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use tokio::sync::watch;
 
+use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 
@@ -18,6 +20,7 @@ use crate::telemetry::Metrics;
 pub struct Caches {
     pub deployments: Store<Deployment>,
     pub hpas: Store<HorizontalPodAutoscaler>,
+    pub services: Store<Service>,
     pub synced: Vec<watch::Receiver<bool>>,
 }
 
@@ -31,6 +34,10 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     /// HorizontalPodAutoscalers labelled as managed by Flotilla.
     pub hpas: Store<HorizontalPodAutoscaler>,
+    /// Services labelled as managed by Flotilla.
+    pub services: Store<Service>,
+    /// Takes the measurements that gate rollouts.
+    pub analyzer: Analyzer,
     synced: Vec<watch::Receiver<bool>>,
     /// Set when sharded: every write checks that this replica still owns the namespace.
     pub fence: Option<Fence>,
@@ -46,8 +53,9 @@ impl Context {
         metrics: Metrics,
         app_resource: ApiResource,
         caches: Caches,
+        analyzer: Analyzer,
     ) -> Self {
-        let Caches { deployments, hpas, synced } = caches;
+        let Caches { deployments, hpas, services, synced } = caches;
         Self {
             client,
             recorder,
@@ -55,6 +63,8 @@ impl Context {
             app_resource,
             deployments,
             hpas,
+            services,
+            analyzer,
             synced,
             fence: None,
             tenant: None,

@@ -1,9 +1,10 @@
-//! Wires the App controller: watches Apps, and the Deployments and HPAs they own (so that
+//! Wires the App controller: watches Apps, and the Deployments, HPAs and Services they own (so that
 //! drift triggers a reconcile at once), and runs reconciles until shutdown.
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{Controller, watcher};
@@ -18,6 +19,7 @@ use super::context::{Caches, Context};
 use super::names;
 use super::reconcile::{error_policy, reconcile};
 use crate::api::App;
+use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::watch_cache::cache;
@@ -52,32 +54,52 @@ impl Scope {
     }
 }
 
-/// The controller's context and the two watch streams that fill its caches. The streams
-/// must be polled (the controller does; a test can drain them) for the caches to fill.
-pub fn context(
-    client: Client,
-    scope: &Scope,
-    reporter: Reporter,
-    metrics: Metrics,
-    served_by: Option<ServedBy>,
-) -> (
-    Arc<Context>,
-    impl Stream<Item = Result<Deployment, watcher::Error>> + Send + 'static,
-    impl Stream<Item = Result<HorizontalPodAutoscaler, watcher::Error>> + Send + 'static,
-) {
+/// What every App controller of a replica shares: how Events name it, its metrics, and how
+/// it measures rollouts.
+#[derive(Clone)]
+pub struct Shared {
+    pub reporter: Reporter,
+    pub metrics: Metrics,
+    pub analyzer: Analyzer,
+}
+
+/// The watch streams that fill the controller's caches of managed objects.
+pub struct ManagedStreams<D, H, S> {
+    pub deployments: D,
+    pub hpas: H,
+    pub services: S,
+}
+
+/// The watch streams of one controller's managed objects.
+pub type Streams = ManagedStreams<
+    std::pin::Pin<Box<dyn Stream<Item = Result<Deployment, watcher::Error>> + Send>>,
+    std::pin::Pin<Box<dyn Stream<Item = Result<HorizontalPodAutoscaler, watcher::Error>> + Send>>,
+    std::pin::Pin<Box<dyn Stream<Item = Result<Service, watcher::Error>> + Send>>,
+>;
+
+/// The controller's context and the watch streams that fill its caches. The streams must
+/// be polled (the controller does; a test can drain them) for the caches to fill.
+pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
+    let Shared { reporter, metrics, analyzer } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector());
     let (deployments, deployments_synced, deployment_events) = cache::<Deployment>(scope.api(&client), managed(), ());
     let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
+    let (services, services_synced, service_events) = cache::<Service>(scope.api(&client), managed(), ());
     let recorder = Recorder::new(client.clone(), reporter);
     let app_resource = ApiResource::erase::<App>(&());
-    let caches = Caches { deployments, hpas, synced: vec![deployments_synced, hpas_synced] };
-    let mut ctx = Context::new(client, recorder, metrics, app_resource, caches);
+    let caches = Caches { deployments, hpas, services, synced: vec![deployments_synced, hpas_synced, services_synced] };
+    let mut ctx = Context::new(client, recorder, metrics, app_resource, caches, analyzer);
     if let Some(s) = served_by {
         ctx.fence = Some(s.fence);
         ctx.tenant = s.tenant;
     }
     let ctx = Arc::new(ctx);
-    (ctx, deployment_events, hpa_events)
+    let streams = ManagedStreams {
+        deployments: deployment_events.boxed(),
+        hpas: hpa_events.boxed(),
+        services: service_events.boxed(),
+    };
+    (ctx, streams)
 }
 
 /// The Apps of a scope, read as dynamic objects so that one malformed App cannot break the
@@ -95,8 +117,7 @@ pub fn apps_api(client: &Client, scope: &Scope) -> Api<DynamicObject> {
 pub fn app_controller(
     client: Client,
     scope: Scope,
-    reporter: Reporter,
-    metrics: Metrics,
+    shared: Shared,
     served_by: Option<ServedBy>,
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -104,10 +125,11 @@ pub fn app_controller(
     let app_resource = ApiResource::erase::<App>(&());
     let (apps, apps_synced, app_events) =
         cache::<DynamicObject>(apps_api(&client, &scope), watcher::Config::default(), app_resource.clone());
-    let (ctx, deployment_events, hpa_events) = context(client, &scope, reporter, metrics, served_by);
+    let (ctx, streams) = context(client, &scope, shared, served_by);
     let controller = Controller::for_stream_with(app_events, apps, app_resource)
-        .owns_stream(deployment_events)
-        .owns_stream(hpa_events)
+        .owns_stream(streams.deployments)
+        .owns_stream(streams.hpas)
+        .owns_stream(streams.services)
         .graceful_shutdown_on(shutdown);
     async move {
         let readiness_ctx = ctx.clone();

@@ -1,16 +1,19 @@
 //! The objects an App should have, and how observed objects differ from them. Pure: no I/O.
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::autoscaling::v2::{
     CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec, MetricSpec, MetricTarget,
     ResourceMetricSource,
 };
-use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
 
-use super::names;
-use crate::api::App;
+use super::names::{self, Track};
+use crate::api::{App, Strategy};
 
 /// Default target of the autoscaler when the App names none.
 pub const DEFAULT_TARGET_CPU_PERCENT: i32 = 80;
@@ -51,26 +54,77 @@ impl AppIdentity {
     }
 }
 
-/// The stable Deployment: the App's image at its version, and its replicas unless an
-/// autoscaler owns that number.
+/// What the planner wants of one of the App's Deployments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeploymentShape {
+    pub track: Track,
+    pub version: String,
+    /// `None` leaves the count to the autoscaler.
+    pub replicas: Option<i32>,
+    /// A paused Deployment does not roll its pods (a paused rolling update).
+    pub paused: bool,
+}
+
+/// The replica count the App fixes, or `None` when an autoscaler owns it.
+pub fn fixed_replicas(app: &App) -> Option<i32> {
+    if app.spec.autoscaling.is_some() { None } else { Some(app.spec.replicas.unwrap_or(1)) }
+}
+
+/// The stable Deployment running `spec.version` as the App asks: what an App without a
+/// rollout under way should have.
 pub fn desired_deployment(app: &App, id: &AppIdentity) -> Deployment {
+    let shape = DeploymentShape {
+        track: Track::Stable,
+        version: app.spec.version.clone(),
+        replicas: fixed_replicas(app),
+        paused: false,
+    };
+    deployment(app, id, &shape)
+}
+
+/// A Deployment of the App: the image at `shape.version`, the pod settings of the spec, and
+/// (for the stable track) the rolling-update bounds.
+pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deployment {
     let spec = &app.spec;
-    let labels = names::labels(&id.name, &spec.version);
-    let replicas = if spec.autoscaling.is_some() { None } else { Some(spec.replicas.unwrap_or(1)) };
+    let labels = names::labels(&id.name, &shape.version, shape.track);
+    let port = spec.port.unwrap_or(names::DEFAULT_APP_PORT);
+    let strategy = match (&spec.strategy, shape.track) {
+        (Some(Strategy { rolling: Some(r), .. }), Track::Stable) => Some(DeploymentStrategy {
+            type_: Some("RollingUpdate".into()),
+            rolling_update: Some(RollingUpdateDeployment {
+                max_surge: r.max_surge.clone(),
+                max_unavailable: r.max_unavailable.clone(),
+            }),
+        }),
+        _ => None,
+    };
     Deployment {
-        metadata: id.meta(names::stable_deployment_name(&id.name), labels.clone()),
+        metadata: id.meta(names::deployment_name(&id.name, shape.track), labels.clone()),
         spec: Some(DeploymentSpec {
-            replicas,
+            replicas: shape.replicas,
             selector: LabelSelector {
-                match_labels: Some(names::stable_selector(&id.name)),
+                match_labels: Some(names::selector(&id.name, shape.track)),
                 ..LabelSelector::default()
             },
+            strategy,
+            min_ready_seconds: spec.min_ready_seconds,
+            progress_deadline_seconds: spec.progress_deadline_seconds,
+            paused: shape.paused.then_some(true),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: spec.pod_annotations.clone().filter(|a| !a.is_empty()),
+                    ..ObjectMeta::default()
+                }),
                 spec: Some(PodSpec {
                     containers: vec![Container {
                         name: names::CONTAINER_NAME.into(),
-                        image: Some(names::image_ref(&spec.image, &spec.version)),
+                        image: Some(names::image_ref(&spec.image, &shape.version)),
+                        ports: Some(vec![ContainerPort {
+                            name: Some("http".into()),
+                            container_port: port,
+                            ..ContainerPort::default()
+                        }]),
                         ..Container::default()
                     }],
                     ..PodSpec::default()
@@ -82,12 +136,33 @@ pub fn desired_deployment(app: &App, id: &AppIdentity) -> Deployment {
     }
 }
 
+/// The Service in front of both tracks: it splits traffic by replica count.
+pub fn desired_service(app: &App, id: &AppIdentity) -> Service {
+    let port = app.spec.port.unwrap_or(names::DEFAULT_APP_PORT);
+    let mut labels = names::service_selector(&id.name);
+    labels.insert(names::LABEL_VERSION.to_string(), app.spec.version.clone());
+    Service {
+        metadata: id.meta(names::service_name(&id.name), labels),
+        spec: Some(ServiceSpec {
+            selector: Some(names::service_selector(&id.name)),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: names::SERVICE_PORT,
+                target_port: Some(IntOrString::Int(port)),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
 /// The HorizontalPodAutoscaler, when the App asks for autoscaling.
 pub fn desired_hpa(app: &App, id: &AppIdentity) -> Option<HorizontalPodAutoscaler> {
     let auto = app.spec.autoscaling.as_ref()?;
     let target = auto.target_cpu_utilization_percentage.unwrap_or(DEFAULT_TARGET_CPU_PERCENT);
     Some(HorizontalPodAutoscaler {
-        metadata: id.meta(names::hpa_name(&id.name), names::labels(&id.name, &app.spec.version)),
+        metadata: id.meta(names::hpa_name(&id.name), names::labels(&id.name, &app.spec.version, Track::Stable)),
         spec: HorizontalPodAutoscalerSpec {
             scale_target_ref: CrossVersionObjectReference {
                 api_version: Some("apps/v1".into()),
@@ -182,6 +257,49 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
             .and_then(|p| p.containers.iter().find(|c| c.name == names::CONTAINER_NAME).and_then(|c| c.image.clone()))
     };
     diff(&mut out, "spec.template.spec.containers[app].image", image(have), image(want));
+    let port = |d: &DeploymentSpec| {
+        d.template.spec.as_ref().and_then(|p| {
+            p.containers
+                .iter()
+                .find(|c| c.name == names::CONTAINER_NAME)
+                .and_then(|c| c.ports.as_ref()?.first().map(|p| p.container_port))
+        })
+    };
+    diff(&mut out, "spec.template.spec.containers[app].ports", port(have), port(want));
+    diff(&mut out, "spec.paused", have.paused.unwrap_or(false).then_some(true), want.paused);
+    if want.min_ready_seconds.is_some() || have.min_ready_seconds.unwrap_or(0) != 0 {
+        diff(&mut out, "spec.minReadySeconds", have.min_ready_seconds.or(Some(0)), want.min_ready_seconds.or(Some(0)));
+    }
+    if want.progress_deadline_seconds.is_some() {
+        diff(&mut out, "spec.progressDeadlineSeconds", have.progress_deadline_seconds, want.progress_deadline_seconds);
+    }
+    if let Some(want_rolling) = want.strategy.as_ref().and_then(|s| s.rolling_update.as_ref()) {
+        let have_rolling = have.strategy.as_ref().and_then(|s| s.rolling_update.as_ref());
+        if want_rolling.max_surge.is_some() {
+            diff(
+                &mut out,
+                "spec.strategy.rollingUpdate.maxSurge",
+                have_rolling.and_then(|r| r.max_surge.as_ref()),
+                want_rolling.max_surge.as_ref(),
+            );
+        }
+        if want_rolling.max_unavailable.is_some() {
+            diff(
+                &mut out,
+                "spec.strategy.rollingUpdate.maxUnavailable",
+                have_rolling.and_then(|r| r.max_unavailable.as_ref()),
+                want_rolling.max_unavailable.as_ref(),
+            );
+        }
+    }
+    let annotations = |d: &DeploymentSpec| d.template.metadata.as_ref().and_then(|m| m.annotations.clone());
+    if !labels_cover(annotations(have).as_ref(), annotations(want).as_ref()) {
+        out.push(Difference {
+            field: "spec.template.metadata.annotations",
+            observed: "changed".into(),
+            desired: "restored".into(),
+        });
+    }
     if !labels_cover(observed.metadata.labels.as_ref(), desired.metadata.labels.as_ref()) {
         out.push(Difference { field: "metadata.labels", observed: "changed".into(), desired: "restored".into() });
     }
@@ -197,6 +315,25 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
         && !owned_by(&observed.metadata, owner)
     {
         out.push(Difference { field: "metadata.ownerReferences", observed: "missing".into(), desired: "App".into() });
+    }
+    out
+}
+
+/// The fields the operator owns on the Service that differ from `desired`.
+pub fn service_differences(desired: &Service, observed: Option<&Service>) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let Some(observed) = observed else {
+        out.push(Difference { field: "service", observed: "missing".into(), desired: "present".into() });
+        return out;
+    };
+    let (want, have) = (desired.spec.clone().unwrap_or_default(), observed.spec.clone().unwrap_or_default());
+    diff(&mut out, "spec.selector", have.selector.as_ref(), want.selector.as_ref());
+    let ports = |s: &ServiceSpec| {
+        s.ports.iter().flatten().map(|p| (p.name.clone(), p.port, p.target_port.clone())).collect::<Vec<_>>()
+    };
+    diff(&mut out, "spec.ports", Some(ports(&have)), Some(ports(&want)));
+    if !labels_cover(observed.metadata.labels.as_ref(), desired.metadata.labels.as_ref()) {
+        out.push(Difference { field: "metadata.labels", observed: "changed".into(), desired: "restored".into() });
     }
     out
 }
@@ -235,7 +372,13 @@ mod tests {
     fn app(replicas: Option<i32>, autoscaling: Option<Autoscaling>) -> (App, AppIdentity) {
         let mut app = App::new(
             "checkout",
-            AppSpec { image: "registry.example.com/checkout".into(), version: "1.4.2".into(), replicas, autoscaling },
+            AppSpec {
+                image: "registry.example.com/checkout".into(),
+                version: "1.4.2".into(),
+                replicas,
+                autoscaling,
+                ..AppSpec::default()
+            },
         );
         app.metadata.namespace = Some("team-a".into());
         app.metadata.uid = Some("uid-1".into());

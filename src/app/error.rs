@@ -12,6 +12,13 @@ pub enum ReconcileError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("App {namespace}/{name}: {source}")]
+    InvalidSettings {
+        namespace: String,
+        name: String,
+        #[source]
+        source: crate::rollout::duration::DurationError,
+    },
     #[error("App {namespace}/{name} has no uid yet")]
     NotStored { namespace: String, name: String },
     #[error("not writing in namespace {namespace}: this replica's hold on its shard is not current (fenced)")]
@@ -76,7 +83,7 @@ impl ReconcileError {
     pub fn class(&self) -> ErrorClass {
         match (self, self.api_code()) {
             (Self::Fenced { .. }, _) => ErrorClass::Fenced,
-            (Self::InvalidApp { .. } | Self::NotStored { .. }, _) => ErrorClass::Invalid,
+            (Self::InvalidApp { .. } | Self::InvalidSettings { .. } | Self::NotStored { .. }, _) => ErrorClass::Invalid,
             (_, Some(409)) => ErrorClass::Conflict,
             (_, Some(403 | 404)) => ErrorClass::Refused,
             _ => ErrorClass::Transient,
@@ -100,7 +107,7 @@ impl ReconcileError {
             Some(403) => "Forbidden",
             Some(404) => "NotFound",
             _ => match self {
-                Self::InvalidApp { .. } => "InvalidSpec",
+                Self::InvalidApp { .. } | Self::InvalidSettings { .. } => "InvalidSpec",
                 _ => "ReconcileError",
             },
         }

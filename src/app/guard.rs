@@ -146,8 +146,7 @@ mod tests {
 
     #[test]
     fn marks_once_and_keeps_current_version() {
-        let mut app =
-            App::new("web", AppSpec { image: "a/b".into(), version: "2".into(), replicas: None, autoscaling: None });
+        let mut app = App::new("web", AppSpec { image: "a/b".into(), version: "2".into(), ..AppSpec::default() });
         app.metadata.namespace = Some("nowhere".into());
         app.status = Some(AppStatus { current_version: Some("1".into()), ..AppStatus::default() });
         let now = Timestamp::from_second(5).expect("ts");

@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -17,12 +18,13 @@ use tracing::{Span, field, info, instrument, warn};
 
 use super::context::Context;
 use super::desired::{
-    AppIdentity, Difference, deployment_differences, desired_deployment, desired_hpa, hpa_differences,
+    AppIdentity, Difference, deployment_differences, desired_hpa, desired_service, hpa_differences, service_differences,
 };
 use super::error::{ReconcileError, retry_delay};
-use super::names::FIELD_MANAGER;
-use super::status::{Blocker, desired_status};
-use crate::api::{App, AppPhase};
+use super::names::{self, FIELD_MANAGER};
+use super::status::{Blocker, degraded};
+use crate::api::{App, AppPhase, RolloutResult};
+use crate::rollout::planner::{self, Input, Observed};
 
 /// How often an App that is still converging is looked at even without a watch event.
 const PROGRESS_RECHECK: Duration = Duration::from_secs(30);
@@ -98,51 +100,111 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         return Err(ReconcileError::CachesNotSynced { namespace, after: CACHE_SYNC_LIMIT });
     }
     let fenced = || ReconcileError::Fenced { namespace: namespace.clone() };
-
     let app_ref = app.object_ref(&());
     let spec_changed = app.status.as_ref().and_then(|s| s.observed_generation) != app.metadata.generation;
-    let mut failure: Option<ReconcileError> = None;
 
+    // Read: the App's objects from the caches.
+    let get = |name: String| ctx.deployments.get(&ObjectRef::new(&name).within(&namespace));
+    let stable = get(names::stable_deployment_name(&name));
+    let canary = get(names::canary_deployment_name(&name));
+    let hpa = ctx.hpas.get(&ObjectRef::new(&names::hpa_name(&name)).within(&namespace));
+    let observed = Observed { stable: stable.as_deref(), canary: canary.as_deref(), hpa: hpa.as_deref() };
+    let now = crate::api::conditions::now_to_the_second();
+    let invalid = |source| ReconcileError::InvalidSettings { namespace: namespace.clone(), name: name.clone(), source };
+
+    // Decide: the planner, and once more with measurements when it asks for them.
+    let input = Input { app: &app, id: &id, observed, measurements: None, now };
+    let mut plan = planner::plan(&input).map_err(invalid)?;
+    let measurements;
+    if plan.analysis_due {
+        let stable_version = app.status.as_ref().and_then(|s| s.current_version.clone()).unwrap_or_default();
+        measurements = ctx.analyzer.measure(&app, &stable_version, &ctx.metrics).await;
+        plan = planner::plan(&Input { measurements: Some(&measurements), ..input }).map_err(invalid)?;
+    }
+
+    // Apply: only what differs, stable first so that capacity comes before the canary goes.
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
-    let wanted = desired_deployment(&app, &id);
-    let observed = ctx.deployments.get(&ObjectRef::new(&name).within(&namespace));
-    let mut deployment = observed.as_deref().cloned();
-    let diffs = deployment_differences(&wanted, observed.as_deref());
-    if !diffs.is_empty() {
-        if !ctx.may_write(&namespace) {
-            return Err(fenced());
+    let mut failure: Option<ReconcileError> = None;
+    let wanted = [(Some(&plan.stable), stable.as_deref(), names::stable_deployment_name(&name))].into_iter().chain([(
+        plan.canary.as_ref(),
+        canary.as_deref(),
+        names::canary_deployment_name(&name),
+    )]);
+    for (want, have, object_name) in wanted {
+        if failure.is_some() {
+            break;
         }
-        match apply(&deployments, &name, &wanted, "Deployment").await {
-            Ok(applied) => {
-                deployment = Some(applied);
-                ctx.report_change(&app_ref, "Deployment", &name, observed.is_some(), spec_changed, &diffs).await;
+        let result = match want {
+            Some(want) => {
+                let diffs = deployment_differences(want, have);
+                if diffs.is_empty() {
+                    continue;
+                }
+                if !ctx.may_write(&namespace) {
+                    return Err(fenced());
+                }
+                apply(&deployments, &object_name, want, "Deployment").await.map(|_| Some((diffs, have.is_some())))
             }
+            None if have.is_some_and(|d| owned_by_app(d, &id)) => {
+                if !ctx.may_write(&namespace) {
+                    return Err(fenced());
+                }
+                delete(&deployments, &object_name, "Deployment").await.map(|_| None)
+            }
+            None => continue,
+        };
+        match result {
+            Ok(Some((diffs, existed))) => {
+                ctx.report_change(&app_ref, "Deployment", &object_name, existed, spec_changed, &diffs).await;
+            }
+            Ok(None) => info!(namespace, deployment = object_name, "deleted the canary Deployment"),
             Err(e) => failure = Some(e),
         }
     }
-
+    if failure.is_none()
+        && let Err(e) = reconcile_service(&app, &id, ctx, spec_changed).await
+    {
+        failure = Some(e);
+    }
     if failure.is_none()
         && let Err(e) = reconcile_hpa(&app, &id, ctx, spec_changed).await
     {
         failure = Some(e);
     }
 
-    let blocker = failure.as_ref().map(|e| Blocker { reason: e.reason().to_string(), message: e.to_string() });
-    let now = crate::api::conditions::now_to_the_second();
-    let status = desired_status(&app, deployment.as_ref(), blocker.as_ref(), now);
+    // Status and Events.
+    let previous = app.status.clone().unwrap_or_default();
+    let status = match &failure {
+        Some(e) => {
+            degraded(&plan.status, &previous, &Blocker { reason: e.reason().to_string(), message: e.to_string() }, now)
+        }
+        None => plan.status.clone(),
+    };
     if app.status.as_ref() != Some(&status) {
         if !ctx.may_write(&namespace) {
             return Err(fenced());
         }
-        let previous_phase = app.status.as_ref().and_then(|s| s.phase);
         write_status(&ctx.client, &namespace, &name, &status).await?;
-        if previous_phase != status.phase && status.phase == Some(AppPhase::Healthy) {
+        if previous.phase != status.phase && status.phase == Some(AppPhase::Healthy) && plan.notes.is_empty() {
             let note = format!(
                 "version {} is available with {} replicas",
                 app.spec.version,
                 status.ready.clone().unwrap_or_default()
             );
             ctx.publish(&app_ref, EventType::Normal, "Available", "Rollout", note).await;
+        }
+        for note in &plan.notes {
+            let kind = if note.warning { EventType::Warning } else { EventType::Normal };
+            if note.warning {
+                warn!(namespace, app = name, reason = note.reason, "{}", note.message);
+            } else {
+                info!(namespace, app = name, reason = note.reason, "{}", note.message);
+            }
+            ctx.publish(&app_ref, kind, note.reason, "Rollout", note.message.clone()).await;
+        }
+        if let Some(ended) = status.history.first().filter(|h| previous.history.first() != Some(*h)) {
+            let reason = status.failed_version.as_ref().filter(|_| ended.result == RolloutResult::RolledBack);
+            ctx.metrics.rollout_ended(&format!("{:?}", ended.result), reason.map(|f| f.reason.as_str()));
         }
     }
 
@@ -153,15 +215,43 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         ctx.publish(&app_ref, EventType::Warning, err.reason(), "Reconcile", err.to_string()).await;
         return Err(err);
     }
-    Ok(match status.phase {
-        Some(AppPhase::Healthy) => Action::await_change(),
+    Ok(match (status.phase, plan.recheck) {
+        (Some(AppPhase::Healthy), _) => Action::await_change(),
+        (_, Some(after)) => Action::requeue(after.min(PROGRESS_RECHECK)),
         _ => Action::requeue(PROGRESS_RECHECK),
     })
 }
 
+fn owned_by_app<K: Resource>(object: &K, id: &AppIdentity) -> bool {
+    object.meta().owner_references.iter().flatten().any(|o| o.uid == id.owner.uid)
+}
+
+async fn reconcile_service(
+    app: &App,
+    id: &AppIdentity,
+    ctx: &Context,
+    spec_changed: bool,
+) -> Result<(), ReconcileError> {
+    let namespace = &id.namespace;
+    let name = names::service_name(&id.name);
+    let observed = ctx.services.get(&ObjectRef::new(&name).within(namespace));
+    let wanted = desired_service(app, id);
+    let diffs = service_differences(&wanted, observed.as_deref());
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    if !ctx.may_write(namespace) {
+        return Err(ReconcileError::Fenced { namespace: namespace.clone() });
+    }
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
+    apply(&api, &name, &wanted, "Service").await?;
+    ctx.report_change(&app.object_ref(&()), "Service", &name, observed.is_some(), spec_changed, &diffs).await;
+    Ok(())
+}
+
 async fn reconcile_hpa(app: &App, id: &AppIdentity, ctx: &Context, spec_changed: bool) -> Result<(), ReconcileError> {
     let namespace = &id.namespace;
-    let name = super::names::hpa_name(&id.name);
+    let name = names::hpa_name(&id.name);
     let api: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), namespace);
     let observed = ctx.hpas.get(&ObjectRef::new(&name).within(namespace));
     let app_ref = app.object_ref(&());
@@ -177,38 +267,35 @@ async fn reconcile_hpa(app: &App, id: &AppIdentity, ctx: &Context, spec_changed:
                     .await;
             }
         }
-        None => {
-            let ours = observed.as_deref().is_some_and(|h| h.owner_references().iter().any(|o| o.uid == id.owner.uid));
-            if ours {
-                if !ctx.may_write(namespace) {
-                    return Err(ReconcileError::Fenced { namespace: namespace.clone() });
-                }
-                match api.delete(&name, &DeleteParams::background()).await {
-                    Ok(_) => {
-                        info!(namespace, hpa = name, "deleted HorizontalPodAutoscaler: autoscaling was turned off");
-                        ctx.publish(
-                            &app_ref,
-                            EventType::Normal,
-                            "Deleted",
-                            "Delete",
-                            format!("HorizontalPodAutoscaler {name}: autoscaling was turned off"),
-                        )
-                        .await;
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(source) => {
-                        return Err(ReconcileError::Delete {
-                            kind: "HorizontalPodAutoscaler",
-                            namespace: namespace.clone(),
-                            name,
-                            source,
-                        });
-                    }
-                }
+        None if observed.as_deref().is_some_and(|h| owned_by_app(h, id)) => {
+            if !ctx.may_write(namespace) {
+                return Err(ReconcileError::Fenced { namespace: namespace.clone() });
             }
+            delete(&api, &name, "HorizontalPodAutoscaler").await?;
+            info!(namespace, hpa = name, "deleted HorizontalPodAutoscaler: autoscaling was turned off");
+            let note = format!("HorizontalPodAutoscaler {name}: autoscaling was turned off");
+            ctx.publish(&app_ref, EventType::Normal, "Deleted", "Delete", note).await;
         }
+        None => {}
     }
     Ok(())
+}
+
+/// Deletes an object the App owns; one already gone counts as deleted.
+async fn delete<K>(api: &Api<K>, name: &str, kind: &'static str) -> Result<(), ReconcileError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(ReconcileError::Delete {
+            kind,
+            namespace: api.namespace().unwrap_or_default().to_string(),
+            name: name.to_string(),
+            source,
+        }),
+    }
 }
 
 async fn apply<K>(api: &Api<K>, name: &str, object: &K, kind: &'static str) -> Result<K, ReconcileError>

@@ -69,6 +69,10 @@ pub struct RunArgs {
     /// Log as JSON lines.
     #[arg(long, env = "FLOTILLA_LOG_JSON")]
     pub log_json: bool,
+    /// Prometheus (any Prometheus-compatible query API) for Apps whose analysis names none,
+    /// for example http://prometheus.monitoring:9090.
+    #[arg(long, env = "FLOTILLA_PROMETHEUS_URL")]
+    pub prometheus_url: Option<String>,
 }
 
 /// Parses `500ms`, `6s` or `2m`.

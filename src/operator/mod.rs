@@ -11,7 +11,8 @@ use std::sync::atomic::AtomicBool;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::app::controller::{Scope, app_controller};
+use crate::app::controller::{Scope, Shared, app_controller};
+use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::sharding::leases::Leases;
 use crate::sharding::manager::{ShardChannels, ShardSettings, run_shard_manager};
@@ -32,6 +33,8 @@ pub struct Settings {
     /// The operator's namespace and ServiceAccount, named in onboarding RoleBindings.
     pub identity: OperatorIdentity,
     pub sharding: ShardSettings,
+    /// Prometheus queried by Apps whose analysis names none.
+    pub prometheus_url: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +57,8 @@ pub enum OperatorError {
     },
     #[error("{0}")]
     Metrics(#[from] crate::telemetry::metrics::MetricsError),
+    #[error("{0}")]
+    Prometheus(#[from] crate::rollout::prometheus::ClientError),
 }
 
 /// A client from an explicit kubeconfig, or in-cluster / $KUBECONFIG.
@@ -65,6 +70,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         replica_id: replica_id.to_string(),
         identity: OperatorIdentity { namespace: String::new(), service_account: String::new() },
         sharding: ShardSettings::default(),
+        prometheus_url: None,
     };
     client(&settings).await
 }
@@ -125,20 +131,17 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     info!(%addr, replica = settings.replica_id, "admin server listening (/metrics, /healthz, /readyz)");
 
     let reporter = Reporter { controller: "flotilla".into(), instance: Some(settings.replica_id.clone()) };
+    let shared = Shared {
+        reporter: reporter.clone(),
+        metrics: metrics.clone(),
+        analyzer: Analyzer::new(settings.prometheus_url.clone())?,
+    };
     let mut tasks = Vec::new();
     match &settings.namespace {
         // Single-namespace mode: the operator was given rights in this namespace directly.
         Some(ns) => {
             let scope = Scope::Namespace(ns.clone());
-            tasks.push(tokio::spawn(app_controller(
-                client,
-                scope,
-                reporter,
-                metrics,
-                None,
-                ready,
-                stopped(stop_rx.clone()),
-            )));
+            tasks.push(tokio::spawn(app_controller(client, scope, shared, None, ready, stopped(stop_rx.clone()))));
         }
         // Tenancy mode, sharded: the singleton replica onboards Tenants; every replica serves
         // the onboarded namespaces of the shards it holds and explains the rest.
@@ -192,8 +195,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             )));
             tasks.push(tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
                 client,
-                reporter,
-                metrics,
+                shared,
                 settings.sharding.shards,
                 ServedChannels { held_rx, working_tx, ownership_tx, fence },
                 ready,

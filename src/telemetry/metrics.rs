@@ -20,6 +20,9 @@ pub struct Metrics {
     shards_configured: IntGauge,
     lease_events: IntCounterVec,
     seconds_since_renew: Gauge,
+    measurements: IntCounterVec,
+    rollouts: IntCounterVec,
+    rollbacks: IntCounterVec,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +78,30 @@ impl Metrics {
             "flotilla_lease_seconds_since_renew",
             "Longest time since this replica last renewed one of its shard Leases.",
         )?;
+        let measurements = IntCounterVec::new(
+            Opts::new(
+                "flotilla_analysis_measurements_total",
+                "Analysis measurements taken, by result (pass, fail, inconclusive, invalid).",
+            ),
+            &["result"],
+        )?;
+        let rollouts = IntCounterVec::new(
+            Opts::new(
+                "flotilla_rollouts_total",
+                "Rollouts that ended, by result (Promoted, RolledBack, Reverted, Superseded).",
+            ),
+            &["result"],
+        )?;
+        let rollbacks = IntCounterVec::new(
+            Opts::new(
+                "flotilla_rollbacks_total",
+                "Rollouts rolled back, by reason (AnalysisFailed, ProgressDeadlineExceeded, Aborted).",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(measurements.clone()))?;
+        registry.register(Box::new(rollouts.clone()))?;
+        registry.register(Box::new(rollbacks.clone()))?;
         registry.register(Box::new(shards_held.clone()))?;
         registry.register(Box::new(lease_events.clone()))?;
         registry.register(Box::new(seconds_since_renew.clone()))?;
@@ -94,11 +121,20 @@ impl Metrics {
                 errors.with_label_values(&[controller, kind]);
             }
         }
-        for kind in ["Deployment", "HorizontalPodAutoscaler"] {
+        for kind in ["Deployment", "HorizontalPodAutoscaler", "Service"] {
             drift_corrections.with_label_values(&[kind]);
         }
         for event in ["acquired", "lost", "released"] {
             lease_events.with_label_values(&[event]);
+        }
+        for result in ["pass", "fail", "inconclusive", "invalid"] {
+            measurements.with_label_values(&[result]);
+        }
+        for result in ["Promoted", "RolledBack", "Reverted", "Superseded"] {
+            rollouts.with_label_values(&[result]);
+        }
+        for reason in ["AnalysisFailed", "ProgressDeadlineExceeded", "Aborted"] {
+            rollbacks.with_label_values(&[reason]);
         }
         Ok(Self {
             registry,
@@ -112,6 +148,9 @@ impl Metrics {
             shards_configured,
             lease_events,
             seconds_since_renew,
+            measurements,
+            rollouts,
+            rollbacks,
         })
     }
 
@@ -121,6 +160,18 @@ impl Metrics {
         self.reconcile_duration.with_label_values(&[controller]).observe(took.as_secs_f64());
         if let Some(kind) = error_kind {
             self.errors.with_label_values(&[controller, kind]).inc();
+        }
+    }
+
+    pub fn measured(&self, result: &str) {
+        self.measurements.with_label_values(&[result]).inc();
+    }
+
+    /// A rollout ended with `result`; `reason` says why when it was rolled back.
+    pub fn rollout_ended(&self, result: &str, reason: Option<&str>) {
+        self.rollouts.with_label_values(&[result]).inc();
+        if let Some(reason) = reason {
+            self.rollbacks.with_label_values(&[reason]).inc();
         }
     }
 

@@ -5,7 +5,6 @@
 use futures::StreamExt;
 use kube::Client;
 use kube::api::Api;
-use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -15,10 +14,9 @@ use tokio::task::JoinHandle;
 use tracing::info;
 
 use crate::api::{NamespaceState, Tenant};
-use crate::app::controller::{Scope, ServedBy, app_controller};
+use crate::app::controller::{Scope, ServedBy, Shared, app_controller};
 use crate::sharding::fence::Fence;
 use crate::sharding::shard_of;
-use crate::telemetry::Metrics;
 use crate::watch_cache::cache;
 
 /// Namespaces some Tenant (not being deleted) reports as onboarded, with that Tenant's name. Pure.
@@ -53,8 +51,7 @@ async fn converge_workers(
     wanted: &BTreeSet<String>,
     owners: &BTreeMap<String, String>,
     client: &Client,
-    reporter: &Reporter,
-    metrics: &Metrics,
+    shared: &Shared,
     fence: &Fence,
 ) {
     let running: BTreeSet<String> = workers.keys().cloned().collect();
@@ -75,8 +72,7 @@ async fn converge_workers(
         let run = app_controller(
             client.clone(),
             Scope::Namespace(ns.clone()),
-            reporter.clone(),
-            metrics.clone(),
+            shared.clone(),
             Some(ServedBy { fence: fence.clone(), tenant: owners.get(&ns).cloned() }),
             Arc::new(AtomicBool::new(false)),
             async move {
@@ -85,7 +81,7 @@ async fn converge_workers(
         );
         workers.insert(ns, NamespaceWorker { stop: stop_tx, task: tokio::spawn(run) });
     }
-    metrics.namespaces_served(workers.len());
+    shared.metrics.namespaces_served(workers.len());
 }
 
 /// What this replica may act on: the shards it holds, and the onboarded namespaces in them.
@@ -119,8 +115,7 @@ pub struct ServedChannels {
 /// `shutdown`. `ready` turns true once the Tenant cache is synced.
 pub async fn serve_onboarded_namespaces(
     client: Client,
-    reporter: Reporter,
-    metrics: Metrics,
+    shared: Shared,
     shards: u32,
     channels: ServedChannels,
     ready: Arc<AtomicBool>,
@@ -151,7 +146,7 @@ pub async fn serve_onboarded_namespaces(
         let owners = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
         let wanted: BTreeSet<String> =
             owners.keys().filter(|ns| held.contains(&shard_of(ns, shards))).cloned().collect();
-        converge_workers(&mut workers, &wanted, &owners, &client, &reporter, &metrics, &fence).await;
+        converge_workers(&mut workers, &wanted, &owners, &client, &shared, &fence).await;
         let working: BTreeSet<u32> = workers.keys().map(|ns| shard_of(ns, shards)).collect();
         working_tx.send_replace(working);
         let ownership = Ownership { shards, held, served: wanted };

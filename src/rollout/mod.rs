@@ -1,0 +1,11 @@
+//! Rollouts: the pure planner that moves an App from one version to the next, the judging
+//! of measurements, and the Prometheus client that takes them.
+
+pub mod analysis;
+pub mod duration;
+pub mod measure;
+pub mod planner;
+pub mod prometheus;
+pub mod replicas;
+
+pub use measure::Analyzer;

@@ -1,0 +1,859 @@
+//! The rollout planner: from the App (spec, status, annotations), the observed Deployments
+//! and HPA, the measurements just taken (if any) and the time, it decides the Deployments the
+//! App should have, the status to write, the Events to record and when to look again.
+//! Pure: no I/O, so that every transition is a table test.
+//!
+//! States, from `status`:
+//! - no `currentVersion`: first deployment, `spec.version` goes straight in;
+//! - `spec.version == currentVersion`: steady (a rollout under way is reverted at once);
+//! - `failedVersion` is `spec.version` at this generation: rolled back, nothing to do until
+//!   the spec changes or a user retries;
+//! - otherwise a rollout of `spec.version`, `rollout` set, with `canary` for the Canary
+//!   strategy (`canary.step == canary.steps` while promoting).
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use std::time::Duration;
+
+use super::analysis::{explain, summarise};
+use super::duration::{self, DurationError};
+use super::replicas::{Readiness, canary_replicas, image_of, readiness, stable_replicas, total_replicas};
+use crate::api::conditions::{DesiredCondition, merge_conditions};
+use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED, HISTORY_LIMIT};
+use crate::api::{
+    AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
+    RolloutProgress, RolloutRecord, RolloutResult, StrategyType,
+};
+use crate::app::desired::{AppIdentity, DeploymentShape, deployment, fixed_replicas};
+use crate::app::names::{self, Track};
+use crate::app::status::replica_failure;
+
+pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: i32 = 600;
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_FAILURE_LIMIT: i32 = 2;
+/// Type of the condition that says whether the App serves its desired version with every replica.
+pub const READY: &str = "Ready";
+/// Type of the condition that says whether a rollout moves (or completed), and why not.
+pub const PROGRESSING: &str = "Progressing";
+
+/// The App's rollout settings, read once, with defaults applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub canary: bool,
+    pub weights: Vec<i32>,
+    pub pauses: Vec<Duration>,
+    pub deadline: Duration,
+    pub analysis: bool,
+    pub interval: Duration,
+    pub failure_limit: i32,
+    pub auto_rollback: bool,
+}
+
+impl Settings {
+    pub fn of(app: &App) -> Result<Self, DurationError> {
+        let spec = &app.spec;
+        let steps = spec.strategy.as_ref().and_then(|s| s.canary.as_ref()).map(|c| c.steps.clone()).unwrap_or_default();
+        let canary = spec.strategy.as_ref().is_some_and(|s| s.type_ == StrategyType::Canary) && !steps.is_empty();
+        let mut pauses = Vec::with_capacity(steps.len());
+        for step in &steps {
+            pauses.push(match &step.pause {
+                Some(p) => duration::parse("spec.strategy.canary.steps[].pause", p)?,
+                None => Duration::ZERO,
+            });
+        }
+        let analysis = spec.analysis.as_ref();
+        let interval = match analysis.and_then(|a| a.interval.as_deref()) {
+            Some(i) => duration::parse("spec.analysis.interval", i)?.max(Duration::from_secs(1)),
+            None => DEFAULT_INTERVAL,
+        };
+        let deadline = spec.progress_deadline_seconds.unwrap_or(DEFAULT_PROGRESS_DEADLINE_SECONDS).max(1);
+        Ok(Self {
+            canary,
+            weights: steps.iter().map(|s| s.weight).collect(),
+            pauses,
+            deadline: Duration::from_secs(u64::try_from(deadline).unwrap_or(600)),
+            analysis: analysis.is_some_and(|a| !a.metrics.is_empty()),
+            interval,
+            failure_limit: analysis.and_then(|a| a.failure_limit).unwrap_or(DEFAULT_FAILURE_LIMIT).max(1),
+            auto_rollback: spec.auto_rollback.unwrap_or(true),
+        })
+    }
+}
+
+/// A one-off request from `flotilla promote|abort|retry`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    /// Move to the next canary step now (a rolling update: accept the new version).
+    Promote,
+    /// Skip every remaining step and check.
+    PromoteFull,
+    /// Roll back now.
+    Abort,
+    /// Try the rolled-back version again.
+    Retry,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Promote => "promote",
+            Verb::PromoteFull => "promote-full",
+            Verb::Abort => "abort",
+            Verb::Retry => "retry",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Self> {
+        [Verb::Promote, Verb::PromoteFull, Verb::Abort, Verb::Retry].into_iter().find(|v| v.as_str() == word)
+    }
+}
+
+/// The request in the App's `flotilla.dev/action` annotation that has not been acted on yet.
+/// `Err` carries the annotation when its verb is unknown (reported once, then ignored).
+pub fn pending_request(app: &App) -> Option<(String, Result<Verb, String>)> {
+    let raw = app.metadata.annotations.as_ref()?.get(ANNOTATION_ACTION)?.trim().to_string();
+    let handled = app.status.as_ref().and_then(|s| s.handled_action.as_deref());
+    if raw.is_empty() || handled == Some(raw.as_str()) {
+        return None;
+    }
+    let word = raw.split_whitespace().next().unwrap_or_default();
+    Some((raw.clone(), Verb::parse(word).ok_or_else(|| raw.clone())))
+}
+
+fn paused_by_user(app: &App) -> bool {
+    app.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_PAUSED)).is_some_and(|v| v.trim() == "true")
+}
+
+/// An Event the reconciler records after applying the plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What the App's objects should look like.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Observed<'a> {
+    pub stable: Option<&'a Deployment>,
+    pub canary: Option<&'a Deployment>,
+    pub hpa: Option<&'a HorizontalPodAutoscaler>,
+}
+
+/// Everything the planner reads.
+#[derive(Clone, Debug)]
+pub struct Input<'a> {
+    pub app: &'a App,
+    pub id: &'a AppIdentity,
+    pub observed: Observed<'a>,
+    /// The checks just run, when the previous plan asked for them (`analysis_due`).
+    pub measurements: Option<&'a [Measurement]>,
+    pub now: Timestamp,
+}
+
+/// The planner's decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub stable: Deployment,
+    /// `None`: the canary Deployment must not exist.
+    pub canary: Option<Deployment>,
+    pub status: AppStatus,
+    pub notes: Vec<Note>,
+    /// Look again after this long even without a watch event.
+    pub recheck: Option<Duration>,
+    /// The checks should run now; plan again with their results.
+    pub analysis_due: bool,
+}
+
+/// Where the App stands, before it becomes status fields and conditions.
+struct Outcome {
+    phase: AppPhase,
+    reason: String,
+    message: String,
+}
+
+struct Planner<'a> {
+    input: &'a Input<'a>,
+    app: &'a App,
+    settings: Settings,
+    status: AppStatus,
+    notes: Vec<Note>,
+    recheck: Option<Duration>,
+    analysis_due: bool,
+    now: Timestamp,
+    total: i32,
+    target: String,
+    image: String,
+}
+
+/// Plans one reconcile of `input.app`.
+pub fn plan(input: &Input) -> Result<Plan, DurationError> {
+    let app = input.app;
+    let settings = Settings::of(app)?;
+    let target = app.spec.version.clone();
+    let mut p = Planner {
+        input,
+        app,
+        total: total_replicas(app, input.observed.stable, input.observed.hpa),
+        image: names::image_ref(&app.spec.image, &target),
+        target,
+        settings,
+        status: app.status.clone().unwrap_or_default(),
+        notes: Vec::new(),
+        recheck: None,
+        analysis_due: false,
+        now: input.now,
+    };
+    let request = pending_request(app);
+    let verb = match &request {
+        Some((raw, verb)) => {
+            p.status.handled_action = Some(raw.clone());
+            match verb {
+                Ok(v) => Some(*v),
+                Err(raw) => {
+                    p.note(true, "UnknownAction", format!("ignoring {ANNOTATION_ACTION}={raw:?}: the verb must be promote, promote-full, abort or retry"));
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let (stable, canary, outcome) = p.decide(verb);
+    Ok(p.finish(stable, canary, outcome))
+}
+
+fn elapsed(since: &Time, now: Timestamp) -> Duration {
+    let ms = now.as_millisecond().saturating_sub(since.0.as_millisecond());
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn secs(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+impl Planner<'_> {
+    fn note(&mut self, warning: bool, reason: &'static str, message: String) {
+        self.notes.push(Note { warning, reason, message });
+    }
+
+    fn look_again_in(&mut self, d: Duration) {
+        let d = d.max(Duration::from_secs(1));
+        self.recheck = Some(self.recheck.map_or(d, |r| r.min(d)));
+    }
+
+    fn record(&mut self, version: String, result: RolloutResult, message: Option<String>) {
+        self.status.history.insert(0, RolloutRecord { version, result, at: Time(self.now), message });
+        self.status.history.truncate(HISTORY_LIMIT);
+    }
+
+    fn shape(&self, track: Track, version: &str, replicas: Option<i32>, paused: bool) -> DeploymentShape {
+        DeploymentShape { track, version: version.to_string(), replicas, paused }
+    }
+
+    /// The stable Deployment at `version` with the App's pod settings.
+    fn stable_from_spec(&self, version: &str, replicas: Option<i32>, paused: bool) -> Deployment {
+        deployment(self.app, self.input.id, &self.shape(Track::Stable, version, replicas, paused))
+    }
+
+    /// The stable Deployment at `version`, keeping the pod template it has when it already
+    /// runs that version: during a rollout (and after a rollback) only the new version
+    /// changes pods, never the stable one.
+    fn stable_kept(&self, version: &str, replicas: Option<i32>) -> Deployment {
+        let mut d = self.stable_from_spec(version, replicas, false);
+        let wanted_image = names::image_ref(&self.app.spec.image, version);
+        if let Some(observed) = self.input.observed.stable
+            && image_of(observed) == Some(wanted_image.as_str())
+            && let (Some(spec), Some(have)) = (d.spec.as_mut(), observed.spec.as_ref())
+        {
+            spec.template = have.template.clone();
+        }
+        d
+    }
+
+    fn decide(&mut self, verb: Option<Verb>) -> (Deployment, Option<Deployment>, Outcome) {
+        let app = self.app;
+        let generation = app.metadata.generation.unwrap_or(0);
+        let target = self.target.clone();
+        let previous = app.status.clone().unwrap_or_default();
+
+        let Some(stable_version) = previous.current_version.clone() else {
+            // First deployment: nothing to compare the version with.
+            return self.steady(&target);
+        };
+        if target == stable_version {
+            if previous.rollout.is_some() {
+                let abandoned = previous.target_version.clone().unwrap_or_default();
+                let message = format!(
+                    "spec.version was set back to the stable version {stable_version}: the rollout of {abandoned} was abandoned and its canary removed at once"
+                );
+                self.note(true, "Reverted", message.clone());
+                self.record(abandoned, RolloutResult::Reverted, Some(message));
+            }
+            if verb.is_some_and(|v| v != Verb::Retry) {
+                self.note(
+                    false,
+                    "NothingToDo",
+                    format!("no rollout is under way: version {target} is the stable version"),
+                );
+            }
+            return self.steady(&target);
+        }
+        let retry = verb == Some(Verb::Retry);
+        if let Some(failed) = previous.failed_version.clone()
+            && failed.version == target
+            && failed.generation == generation
+            && !retry
+        {
+            if verb.is_some() {
+                self.note(false, "NothingToDo", format!("version {target} was rolled back; use retry to try it again"));
+            }
+            return self.rolled_back(&stable_version, &failed);
+        }
+
+        let fresh = retry || previous.rollout.is_none() || previous.target_version.as_deref() != Some(target.as_str());
+        if fresh {
+            if previous.rollout.is_some()
+                && let Some(old) = previous.target_version.clone().filter(|old| *old != target)
+            {
+                let message = format!(
+                    "version {target} was asked for during the rollout of {old}: restarting from the first step with fresh analysis"
+                );
+                self.note(false, "Superseded", message.clone());
+                self.record(old, RolloutResult::Superseded, Some(message));
+            }
+            self.status.target_version = Some(target.clone());
+            self.status.failed_version = None;
+            self.status.rollout = Some(RolloutProgress { started_at: Time(self.now), promoted_by_user: false });
+            self.status.analysis = self.settings.analysis.then(AnalysisStatus::default);
+            self.status.canary = None;
+            let how = if self.settings.canary { "canary" } else { "rolling" };
+            let verb_text = if retry { "retrying" } else { "rolling out" };
+            self.note(
+                false,
+                "RolloutStarted",
+                format!("{verb_text} version {target} (stable: {stable_version}) with a {how} update"),
+            );
+        }
+        if verb == Some(Verb::Abort) {
+            return self.fail(&stable_version, "Aborted", "aborted by a user".into());
+        }
+        if matches!(verb, Some(Verb::PromoteFull)) || (matches!(verb, Some(Verb::Promote)) && !self.settings.canary) {
+            if let Some(r) = self.status.rollout.as_mut() {
+                r.promoted_by_user = true;
+            }
+            self.note(
+                false,
+                "PromotedByUser",
+                format!("a user promoted version {target}: remaining steps and checks are skipped"),
+            );
+        }
+        if self.settings.canary && self.total > 0 {
+            self.canary(&stable_version, verb == Some(Verb::Promote))
+        } else {
+            self.rolling(&stable_version)
+        }
+    }
+
+    /// No rollout: the stable Deployment runs `version` as the spec says.
+    fn steady(&mut self, version: &str) -> (Deployment, Option<Deployment>, Outcome) {
+        self.status.rollout = None;
+        self.status.canary = None;
+        self.status.target_version = Some(version.to_string());
+        let stable = self.stable_from_spec(version, fixed_replicas(self.app), false);
+        let r = readiness(self.input.observed.stable, &self.image, self.total);
+        let outcome = if r.complete {
+            self.status.current_version = Some(version.to_string());
+            Outcome {
+                phase: AppPhase::Healthy,
+                reason: "Available".into(),
+                message: format!("version {version} is available with {}/{} replicas ready", r.ready, r.want),
+            }
+        } else {
+            self.look_again_in(Duration::from_secs(30));
+            self.converging(version, r, self.input.observed.stable)
+        };
+        (stable, None, outcome)
+    }
+
+    fn converging(&self, version: &str, r: Readiness, d: Option<&Deployment>) -> Outcome {
+        match replica_failure(d) {
+            Some(why) => Outcome {
+                phase: AppPhase::Progressing,
+                reason: "ReplicaFailure".into(),
+                message: format!(
+                    "rolling out version {version}: {}/{} replicas ready; pods cannot be created: {why}",
+                    r.ready, r.want
+                ),
+            },
+            None => Outcome {
+                phase: AppPhase::Progressing,
+                reason: "Progressing".into(),
+                message: format!("rolling out version {version}: {}/{} replicas ready", r.ready, r.want),
+            },
+        }
+    }
+
+    fn rolled_back(
+        &mut self,
+        stable_version: &str,
+        failed: &FailedVersion,
+    ) -> (Deployment, Option<Deployment>, Outcome) {
+        self.status.rollout = None;
+        self.status.canary = None;
+        self.status.target_version = Some(stable_version.to_string());
+        let stable = self.stable_kept(stable_version, fixed_replicas(self.app));
+        let outcome = Outcome {
+            phase: AppPhase::RolledBack,
+            reason: failed.reason.clone(),
+            message: format!(
+                "version {} was rolled back ({}); version {stable_version} runs. It is not tried again until the spec changes or a user retries",
+                failed.version, failed.message
+            ),
+        };
+        (stable, None, outcome)
+    }
+
+    /// The rollout failed: roll back, or with autoRollback off (and not a user's abort) hold
+    /// the rollout where it is for a person to decide.
+    fn fail(
+        &mut self,
+        stable_version: &str,
+        reason: &'static str,
+        message: String,
+    ) -> (Deployment, Option<Deployment>, Outcome) {
+        let target = self.target.clone();
+        let failed = FailedVersion {
+            version: target.clone(),
+            generation: self.app.metadata.generation.unwrap_or(0),
+            reason: reason.to_string(),
+            message: message.clone(),
+        };
+        let text = format!("rolled back version {target} to {stable_version}: {message}");
+        self.note(true, "RolledBack", text.clone());
+        self.record(target, RolloutResult::RolledBack, Some(message));
+        self.status.failed_version = Some(failed.clone());
+        self.rolled_back(stable_version, &failed)
+    }
+
+    /// Holds a failed rollout (autoRollback off): nothing moves until a person aborts or promotes.
+    fn hold(&mut self, reason: &str, message: String) -> Outcome {
+        Outcome {
+            phase: AppPhase::Paused,
+            reason: reason.to_string(),
+            message: format!("{message}; autoRollback is off: abort or promote the rollout"),
+        }
+    }
+
+    /// Runs the analysis bookkeeping for this round: records the measurements passed in, or
+    /// asks for a run when one is due. Returns the outcome that stops the rollout, if any.
+    fn analyse(&mut self, may_run: bool) -> Option<AnalysisStop> {
+        if !self.settings.analysis {
+            return None;
+        }
+        let limit = self.settings.failure_limit;
+        let started = self.status.rollout.as_ref().map(|r| r.started_at.clone());
+        let mut analysis = self.status.analysis.clone().unwrap_or_default();
+        if analysis.failures >= limit {
+            return Some(AnalysisStop::Failed(explain(&analysis.measurements)));
+        }
+        let mut stop = None;
+        if let Some(measurements) = self.input.measurements.filter(|_| may_run) {
+            let before = analysis.last_result;
+            let result = summarise(measurements);
+            analysis.last_run = Some(Time(self.now));
+            analysis.last_result = Some(result);
+            analysis.measurements = measurements.to_vec();
+            let why = explain(measurements);
+            self.look_again_in(self.settings.interval);
+            match result {
+                MeasurementResult::Fail => {
+                    analysis.failures += 1;
+                    let failures = analysis.failures;
+                    self.note(true, "AnalysisFailed", format!("failed run {failures} of {limit}: {why}"));
+                    if failures >= limit {
+                        stop = Some(AnalysisStop::Failed(why));
+                    }
+                }
+                MeasurementResult::Inconclusive if before != Some(result) => {
+                    self.note(true, "AnalysisInconclusive", format!("rollout paused, no usable measurement: {why}"));
+                }
+                MeasurementResult::Invalid if before != Some(result) => {
+                    self.note(true, "QueryInvalid", format!("rollout stopped, a query is invalid: {why}"));
+                }
+                MeasurementResult::Pass if before.is_some_and(|b| b != MeasurementResult::Pass) => {
+                    self.note(false, "AnalysisPassed", "every check passes again: the rollout goes on".into());
+                }
+                _ => {}
+            }
+        } else if may_run {
+            let due = match (&analysis.last_run, &started) {
+                (Some(last), Some(start)) if last.0 >= start.0 => {
+                    let since = elapsed(last, self.now);
+                    if since < self.settings.interval {
+                        self.look_again_in(self.settings.interval - since);
+                        false
+                    } else {
+                        true
+                    }
+                }
+                _ => true,
+            };
+            self.analysis_due = due;
+        }
+        self.status.analysis = Some(analysis);
+        if stop.is_some() {
+            return stop;
+        }
+        let analysis = self.status.analysis.clone().unwrap_or_default();
+        match analysis.last_result {
+            Some(MeasurementResult::Inconclusive) => Some(AnalysisStop::Inconclusive(explain(&analysis.measurements))),
+            Some(MeasurementResult::Invalid) => Some(AnalysisStop::Invalid(explain(&analysis.measurements))),
+            _ => None,
+        }
+    }
+
+    /// Whether the latest run passed and was taken after `since`.
+    fn passed_since(&self, since: &Time) -> bool {
+        !self.settings.analysis
+            || self.status.analysis.as_ref().is_some_and(|a| {
+                a.last_result == Some(MeasurementResult::Pass) && a.last_run.as_ref().is_some_and(|t| t.0 >= since.0)
+            })
+    }
+
+    fn promoted_by_user(&self) -> bool {
+        self.status.rollout.as_ref().is_some_and(|r| r.promoted_by_user)
+    }
+
+    fn started_at(&self) -> Time {
+        self.status.rollout.as_ref().map(|r| r.started_at.clone()).unwrap_or(Time(self.now))
+    }
+
+    /// Completes the rollout: the new version is the stable one.
+    fn promoted(&mut self) -> Outcome {
+        let target = self.target.clone();
+        let from = self.app.status.as_ref().and_then(|s| s.current_version.clone()).unwrap_or_default();
+        let message = format!("version {target} replaced {from} and is available with {} replicas", self.total);
+        self.note(false, "Promoted", message.clone());
+        self.record(target.clone(), RolloutResult::Promoted, Some(message.clone()));
+        self.status.current_version = Some(target.clone());
+        self.status.rollout = None;
+        self.status.canary = None;
+        self.status.failed_version = None;
+        Outcome { phase: AppPhase::Healthy, reason: "Promoted".into(), message }
+    }
+
+    fn rolling(&mut self, stable_version: &str) -> (Deployment, Option<Deployment>, Outcome) {
+        let user_paused = paused_by_user(self.app);
+        let promoted = self.promoted_by_user();
+        let stop = if user_paused || promoted { None } else { self.analyse(true) };
+        let r = readiness(self.input.observed.stable, &self.image, self.total);
+        let target = self.target.clone();
+        let started = self.started_at();
+        let waited = elapsed(&started, self.now);
+        if let Some(AnalysisStop::Failed(why)) = &stop {
+            let message = format!("analysis failed: {why}");
+            if self.settings.auto_rollback {
+                return self.fail(stable_version, "AnalysisFailed", message);
+            }
+            let stable = self.stable_from_spec(&target, fixed_replicas(self.app), true);
+            let outcome = self.hold("AnalysisFailed", message);
+            return (stable, None, outcome);
+        }
+        let held = stop.is_some() || user_paused;
+        if !r.complete && !held && waited > self.settings.deadline {
+            let message = format!(
+                "version {target} did not become available within {}: {}/{} replicas ready",
+                secs(self.settings.deadline),
+                r.ready,
+                r.want
+            );
+            if self.settings.auto_rollback {
+                return self.fail(stable_version, "ProgressDeadlineExceeded", message);
+            }
+            let stable = self.stable_from_spec(&target, fixed_replicas(self.app), true);
+            let outcome = self.hold("ProgressDeadlineExceeded", message);
+            return (stable, None, outcome);
+        }
+        let stable = self.stable_from_spec(&target, fixed_replicas(self.app), held);
+        let just_passed = self.input.measurements.is_some() && self.passed_since(&started);
+        if r.complete && (!self.settings.analysis || promoted || just_passed) {
+            let outcome = self.promoted();
+            return (stable, None, outcome);
+        }
+        if !r.complete {
+            self.look_again_in(self.settings.deadline.saturating_sub(waited));
+        }
+        let outcome = match stop {
+            Some(s) => s.outcome(&target),
+            None if user_paused => Outcome {
+                phase: AppPhase::Paused,
+                reason: "PausedByUser".into(),
+                message: format!("the rolling update to {target} is paused ({ANNOTATION_PAUSED}=true)"),
+            },
+            None if r.complete => Outcome {
+                phase: AppPhase::Progressing,
+                reason: "Analysing".into(),
+                message: format!("version {target} is available; waiting for a passing analysis run to promote it"),
+            },
+            None => self.converging(&target, r, self.input.observed.stable),
+        };
+        (stable, None, outcome)
+    }
+
+    fn canary(&mut self, stable_version: &str, promote_step: bool) -> (Deployment, Option<Deployment>, Outcome) {
+        let steps = i32::try_from(self.settings.weights.len()).unwrap_or(i32::MAX);
+        let target = self.target.clone();
+        let user_paused = paused_by_user(self.app);
+        let mut c = self.status.canary.clone().unwrap_or_else(|| CanaryStatus {
+            step: 0,
+            steps,
+            weight: self.settings.weights.first().copied().unwrap_or(100),
+            replicas: 0,
+            stable_replicas: self.total,
+            step_started_at: Time(self.now),
+        });
+        c.steps = steps;
+        if self.promoted_by_user() && c.step < steps {
+            c.step = steps;
+            c.step_started_at = Time(self.now);
+        } else if promote_step && c.step < steps {
+            c.step += 1;
+            c.step_started_at = Time(self.now);
+            let text = if c.step < steps { format!("step {}", c.step + 1) } else { "promotion".to_string() };
+            self.note(false, "StepPromotedByUser", format!("a user moved the canary of {target} on to {text}"));
+        }
+
+        if c.step >= steps {
+            return self.promote_canary(stable_version, c);
+        }
+
+        let index = usize::try_from(c.step).unwrap_or(0);
+        let weight = self.settings.weights[index];
+        let wanted = canary_replicas(weight, self.total);
+        let cr = readiness(self.input.observed.canary, &self.image, wanted);
+        let waited = elapsed(&c.step_started_at, self.now);
+        let canary_name = names::canary_deployment_name(&self.input.id.name);
+
+        let stop = if user_paused || !cr.complete { self.held_analysis() } else { self.analyse(true) };
+        if let Some(AnalysisStop::Failed(why)) = &stop {
+            let message = format!("analysis failed at step {} ({weight}%): {why}", c.step + 1);
+            if self.settings.auto_rollback {
+                return self.fail(stable_version, "AnalysisFailed", message);
+            }
+            let outcome = self.hold("AnalysisFailed", message);
+            return self.canary_objects(stable_version, c, wanted, cr, outcome);
+        }
+        if !cr.complete && !user_paused && waited > self.settings.deadline {
+            let message = format!(
+                "the canary Deployment {canary_name} did not become available within {}: {}/{} replicas ready",
+                secs(self.settings.deadline),
+                cr.ready.min(wanted),
+                wanted
+            );
+            if self.settings.auto_rollback {
+                return self.fail(stable_version, "ProgressDeadlineExceeded", message);
+            }
+            let outcome = self.hold("ProgressDeadlineExceeded", message);
+            return self.canary_objects(stable_version, c, wanted, cr, outcome);
+        }
+
+        let pause = self.settings.pauses[index];
+        let analysed = self.passed_since(&c.step_started_at);
+        if cr.complete && stop.is_none() && !user_paused && waited >= pause && analysed {
+            c.step += 1;
+            c.step_started_at = Time(self.now);
+            if c.step >= steps {
+                self.note(
+                    false,
+                    "StepCompleted",
+                    format!("step {} of {steps} ({weight}%) passed: promoting {target}", c.step),
+                );
+                return self.promote_canary(stable_version, c);
+            }
+            let next = self.settings.weights[usize::try_from(c.step).unwrap_or(0)];
+            self.note(
+                false,
+                "StepCompleted",
+                format!("step {} of {steps} ({weight}%) passed: moving to step {} ({next}%)", c.step, c.step + 1),
+            );
+            let wanted = canary_replicas(next, self.total);
+            let cr = readiness(self.input.observed.canary, &self.image, wanted);
+            let outcome = self.step_outcome(&c, next, wanted, cr);
+            return self.canary_objects(stable_version, c, wanted, cr, outcome);
+        }
+        if cr.complete && waited < pause {
+            self.look_again_in(pause - waited);
+        }
+        if !cr.complete {
+            self.look_again_in(self.settings.deadline.saturating_sub(waited));
+        }
+        let outcome = match stop {
+            Some(s) => s.outcome(&target),
+            None if user_paused => Outcome {
+                phase: AppPhase::Paused,
+                reason: "PausedByUser".into(),
+                message: format!(
+                    "the canary of {target} is paused at step {} of {steps} ({weight}%) ({ANNOTATION_PAUSED}=true)",
+                    c.step + 1
+                ),
+            },
+            None => self.step_outcome(&c, weight, wanted, cr),
+        };
+        self.canary_objects(stable_version, c, wanted, cr, outcome)
+    }
+
+    /// The analysis state when no run may be taken now (paused, or the canary is not ready):
+    /// a failure limit already reached still stops the rollout.
+    fn held_analysis(&self) -> Option<AnalysisStop> {
+        let a = self.status.analysis.as_ref()?;
+        (self.settings.analysis && a.failures >= self.settings.failure_limit)
+            .then(|| AnalysisStop::Failed(explain(&a.measurements)))
+    }
+
+    fn step_outcome(&self, c: &CanaryStatus, weight: i32, wanted: i32, cr: Readiness) -> Outcome {
+        let target = &self.target;
+        let step = format!("step {} of {} ({weight}%)", c.step + 1, c.steps);
+        let message = if cr.complete {
+            format!("canary {target} at {step}: {wanted} canary replicas available, analysing")
+        } else {
+            format!("canary {target} at {step}: {}/{wanted} canary replicas ready", cr.ready.min(wanted))
+        };
+        Outcome { phase: AppPhase::Progressing, reason: "CanaryStep".into(), message }
+    }
+
+    fn canary_objects(
+        &mut self,
+        stable_version: &str,
+        mut c: CanaryStatus,
+        wanted: i32,
+        cr: Readiness,
+        outcome: Outcome,
+    ) -> (Deployment, Option<Deployment>, Outcome) {
+        let autoscaled = fixed_replicas(self.app).is_none();
+        let stable_count = stable_replicas(self.total, wanted, cr.available);
+        let stable = self.stable_kept(stable_version, (!autoscaled).then_some(stable_count));
+        let canary =
+            deployment(self.app, self.input.id, &self.shape(Track::Canary, &self.target.clone(), Some(wanted), false));
+        c.weight = self.settings.weights.get(usize::try_from(c.step).unwrap_or(0)).copied().unwrap_or(100);
+        c.replicas = wanted;
+        c.stable_replicas = if autoscaled { self.total } else { stable_count };
+        self.status.canary = Some(c);
+        (stable, Some(canary), outcome)
+    }
+
+    /// Last phase of a canary: the stable Deployment moves to the new version (the canary
+    /// keeps serving meanwhile), then the canary goes.
+    fn promote_canary(
+        &mut self,
+        stable_version: &str,
+        mut c: CanaryStatus,
+    ) -> (Deployment, Option<Deployment>, Outcome) {
+        let target = self.target.clone();
+        let stable = self.stable_from_spec(&target, fixed_replicas(self.app), false);
+        let r = readiness(self.input.observed.stable, &self.image, self.total);
+        if r.complete {
+            let outcome = self.promoted();
+            return (stable, None, outcome);
+        }
+        let waited = elapsed(&c.step_started_at, self.now);
+        if waited > self.settings.deadline && !paused_by_user(self.app) {
+            let message = format!(
+                "the stable Deployment did not become available on version {target} within {}: {}/{} replicas ready",
+                secs(self.settings.deadline),
+                r.ready,
+                r.want
+            );
+            if self.settings.auto_rollback {
+                return self.fail(stable_version, "ProgressDeadlineExceeded", message);
+            }
+        }
+        self.look_again_in(self.settings.deadline.saturating_sub(waited));
+        let keep = c.replicas.max(1);
+        let canary = deployment(self.app, self.input.id, &self.shape(Track::Canary, &target, Some(keep), false));
+        c.weight = 100;
+        c.replicas = keep;
+        c.stable_replicas = self.total;
+        self.status.canary = Some(c);
+        let outcome = Outcome {
+            phase: AppPhase::Progressing,
+            reason: "Promoting".into(),
+            message: format!(
+                "promoting {target}: the stable Deployment rolls to it, {}/{} replicas ready",
+                r.ready, r.want
+            ),
+        };
+        (stable, Some(canary), outcome)
+    }
+
+    /// Turns the decision into the status to write.
+    fn finish(mut self, stable: Deployment, canary: Option<Deployment>, outcome: Outcome) -> Plan {
+        let app = self.app;
+        let observed_generation = app.metadata.generation;
+        let stable_ready = readiness(self.input.observed.stable, "", 0).ready;
+        let canary_ready = readiness(self.input.observed.canary, "", 0).ready;
+        let ready = if canary.is_some() { stable_ready + canary_ready } else { stable_ready };
+        let s = &mut self.status;
+        s.observed_generation = observed_generation;
+        s.ready_replicas = Some(ready);
+        s.replicas = Some(self.total);
+        s.ready = Some(format!("{ready}/{}", self.total));
+        s.phase = Some(outcome.phase);
+        let healthy = outcome.phase == AppPhase::Healthy;
+        let moving = matches!(outcome.phase, AppPhase::Healthy | AppPhase::Progressing);
+        let conditions = [
+            DesiredCondition {
+                type_: READY,
+                status: healthy,
+                reason: if healthy { "Available".into() } else { outcome.reason.clone() },
+                message: outcome.message.clone(),
+            },
+            DesiredCondition { type_: PROGRESSING, status: moving, reason: outcome.reason, message: outcome.message },
+        ];
+        let previous = app.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+        s.conditions = merge_conditions(&previous, &conditions, observed_generation, self.now);
+        if healthy {
+            self.recheck = None;
+        }
+        Plan {
+            stable,
+            canary,
+            status: self.status,
+            notes: self.notes,
+            recheck: self.recheck,
+            analysis_due: self.analysis_due,
+        }
+    }
+}
+
+/// Why the analysis stops a rollout.
+enum AnalysisStop {
+    Failed(String),
+    Inconclusive(String),
+    Invalid(String),
+}
+
+impl AnalysisStop {
+    fn outcome(self, target: &str) -> Outcome {
+        match self {
+            AnalysisStop::Failed(why) => Outcome {
+                phase: AppPhase::Paused,
+                reason: "AnalysisFailed".into(),
+                message: format!("the rollout of {target} failed its analysis: {why}"),
+            },
+            AnalysisStop::Inconclusive(why) => Outcome {
+                phase: AppPhase::Paused,
+                reason: "Inconclusive".into(),
+                message: format!(
+                    "the rollout of {target} is paused until its checks have data again (it is never promoted without): {why}"
+                ),
+            },
+            AnalysisStop::Invalid(why) => Outcome {
+                phase: AppPhase::Degraded,
+                reason: "QueryInvalid".into(),
+                message: format!("the rollout of {target} is stopped: fix spec.analysis: {why}"),
+            },
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Replica arithmetic of rollouts: how many replicas the App has in all, how they split
+//! between the canary and the stable Deployment, and how far a Deployment has rolled.
+//! Pure: no I/O.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+
+use crate::api::App;
+use crate::app::names;
+
+/// Replicas the App runs in all: `spec.replicas`, or with autoscaling the autoscaler's
+/// current choice (its desired count, else what it set on the stable Deployment), within
+/// its bounds.
+pub fn total_replicas(app: &App, stable: Option<&Deployment>, hpa: Option<&HorizontalPodAutoscaler>) -> i32 {
+    match &app.spec.autoscaling {
+        None => app.spec.replicas.unwrap_or(1).max(0),
+        Some(a) => {
+            let from_hpa = hpa.and_then(|h| h.status.as_ref()).map(|s| s.desired_replicas).filter(|n| *n > 0);
+            let from_deployment = stable.and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
+            from_hpa
+                .or(from_deployment)
+                .unwrap_or(a.min_replicas)
+                .clamp(a.min_replicas, a.max_replicas.max(a.min_replicas))
+        }
+    }
+}
+
+/// Canary replicas at `weight` percent of `total`: round(weight% x total), at least 1 and,
+/// when there are at least two replicas, at most total-1 so that the stable version keeps
+/// serving until promotion.
+pub fn canary_replicas(weight: i32, total: i32) -> i32 {
+    let exact = (i64::from(weight.clamp(0, 100)) * i64::from(total.max(0)) + 50) / 100;
+    let upper = (total - 1).max(1);
+    i32::try_from(exact).unwrap_or(i32::MAX).clamp(1, upper)
+}
+
+/// Stable replicas while `canary_available` of the `canary_wanted` canary replicas are
+/// available: the stable Deployment shrinks only as the canary takes over, and keeps at
+/// least one replica.
+pub fn stable_replicas(total: i32, canary_wanted: i32, canary_available: i32) -> i32 {
+    (total - canary_available.clamp(0, canary_wanted)).max(1)
+}
+
+/// How far a Deployment is from running `image` with `want` replicas, read the way
+/// `kubectl rollout status` does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Readiness {
+    pub want: i32,
+    /// Ready pods of any template.
+    pub ready: i32,
+    /// Available pods running `image` (0 when the Deployment runs another image).
+    pub available: i32,
+    /// The controller has seen the latest spec, every replica runs `image`, all are
+    /// available, and no old replica is left.
+    pub complete: bool,
+}
+
+/// The image of the application container.
+pub fn image_of(d: &Deployment) -> Option<&str> {
+    d.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == names::CONTAINER_NAME)?
+        .image
+        .as_deref()
+}
+
+pub fn readiness(d: Option<&Deployment>, image: &str, want: i32) -> Readiness {
+    let Some(d) = d else {
+        return Readiness { want, ..Readiness::default() };
+    };
+    let status = d.status.clone().unwrap_or_default();
+    let seen = match (d.metadata.generation, status.observed_generation) {
+        (Some(g), Some(o)) => o >= g,
+        _ => false,
+    };
+    let right_image = image_of(d) == Some(image);
+    let spec_replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let ready = status.ready_replicas.unwrap_or(0);
+    let available = if right_image && seen { status.available_replicas.unwrap_or(0).min(spec_replicas) } else { 0 };
+    let complete = seen
+        && right_image
+        && spec_replicas == want
+        && status.updated_replicas.unwrap_or(0) == want
+        && status.available_replicas.unwrap_or(0) == want
+        && status.replicas.unwrap_or(0) == want;
+    Readiness { want, ready, available, complete }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn table_of_canary_sizes() {
+        let cases = [
+            (20, 10, 2),
+            (25, 10, 3), // 2.5 rounds up
+            (50, 4, 2),
+            (1, 10, 1),   // at least one
+            (100, 10, 9), // stable keeps one until promotion
+            (50, 1, 1),   // a single replica: the canary runs beside it
+            (10, 2, 1),
+            (90, 2, 1),
+        ];
+        for (weight, total, want) in cases {
+            assert_eq!(canary_replicas(weight, total), want, "weight {weight} of {total}");
+        }
+    }
+
+    #[test]
+    fn stable_shrinks_as_the_canary_becomes_available() {
+        assert_eq!(stable_replicas(10, 3, 0), 10);
+        assert_eq!(stable_replicas(10, 3, 2), 8);
+        assert_eq!(stable_replicas(10, 3, 5), 7, "extra canary pods do not count");
+        assert_eq!(stable_replicas(1, 1, 1), 1, "stable keeps one replica");
+    }
+
+    proptest! {
+        #[test]
+        fn canary_within_one_and_total_minus_one(weight in 1i32..=100, total in 2i32..=1000) {
+            let c = canary_replicas(weight, total);
+            prop_assert!(c >= 1 && c < total, "canary {c} of {total}");
+            let s = stable_replicas(total, c, c);
+            prop_assert_eq!(s + c, total);
+        }
+
+        #[test]
+        fn capacity_never_drops_below_total(total in 1i32..=200, weight in 1i32..=100, available in 0i32..=200) {
+            let c = canary_replicas(weight, total);
+            let available = available.min(c);
+            prop_assert!(stable_replicas(total, c, available) + available >= total);
+        }
+    }
+}
