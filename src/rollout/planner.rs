@@ -514,11 +514,12 @@ impl Planner<'_> {
         }
     }
 
-    /// Whether the latest run passed and was taken after `since`.
+    /// Whether the latest run passed and was taken after `since` (a run in the second a step
+    /// began belongs to the step before).
     fn passed_since(&self, since: &Time) -> bool {
         !self.settings.analysis
             || self.status.analysis.as_ref().is_some_and(|a| {
-                a.last_result == Some(MeasurementResult::Pass) && a.last_run.as_ref().is_some_and(|t| t.0 >= since.0)
+                a.last_result == Some(MeasurementResult::Pass) && a.last_run.as_ref().is_some_and(|t| t.0 > since.0)
             })
     }
 
@@ -857,3 +858,7 @@ impl AnalysisStop {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "planner_tests.rs"]
+mod tests;

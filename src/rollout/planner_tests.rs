@@ -1,0 +1,518 @@
+//! Table and property tests of the planner: every transition, and the invariants.
+
+use super::*;
+use crate::api::{Analysis, AppSpec, CanaryStep, CanaryStrategy, MetricCheck, Strategy};
+use k8s_openapi::api::apps::v1::DeploymentStatus;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+const T0: i64 = 1_000_000;
+
+fn at(second: i64) -> Timestamp {
+    Timestamp::from_second(T0 + second).expect("timestamp")
+}
+
+fn canary_app(replicas: i32, weights: &[i32], analysis: bool) -> App {
+    let steps = weights.iter().map(|w| CanaryStep { weight: *w, pause: None }).collect();
+    let mut app = App::new(
+        "web",
+        AppSpec {
+            image: "example.com/web".into(),
+            version: "2".into(),
+            replicas: Some(replicas),
+            strategy: Some(Strategy {
+                type_: StrategyType::Canary,
+                rolling: None,
+                canary: Some(CanaryStrategy { steps }),
+            }),
+            analysis: analysis.then(|| Analysis {
+                interval: Some("10s".into()),
+                failure_limit: Some(2),
+                prometheus_url: None,
+                metrics: vec![MetricCheck {
+                    name: "error-rate".into(),
+                    query: "q".into(),
+                    max: Some(0.05),
+                    min: None,
+                }],
+            }),
+            progress_deadline_seconds: Some(60),
+            ..AppSpec::default()
+        },
+    );
+    app.metadata.namespace = Some("shop".into());
+    app.metadata.uid = Some("uid".into());
+    app.metadata.generation = Some(2);
+    app.status = Some(AppStatus {
+        current_version: Some("1".into()),
+        target_version: Some("1".into()),
+        phase: Some(AppPhase::Healthy),
+        ..AppStatus::default()
+    });
+    app
+}
+
+fn rolling_app(analysis: bool) -> App {
+    let mut app = canary_app(4, &[50], analysis);
+    app.spec.strategy = None;
+    app
+}
+
+/// A Deployment as the controller would report it once it runs `version` with `ready` of
+/// `replicas` available.
+fn observed(app: &App, track: Track, version: &str, replicas: i32, ready: i32) -> Deployment {
+    let id = AppIdentity::of(app).expect("id");
+    let shape = DeploymentShape { track, version: version.into(), replicas: Some(replicas), paused: false };
+    let mut d = deployment(app, &id, &shape);
+    d.metadata.generation = Some(1);
+    d.status = Some(DeploymentStatus {
+        observed_generation: Some(1),
+        replicas: Some(replicas),
+        updated_replicas: Some(replicas),
+        ready_replicas: Some(ready),
+        available_replicas: Some(ready),
+        ..DeploymentStatus::default()
+    });
+    d
+}
+
+fn measurement(result: MeasurementResult, value: Option<f64>) -> Measurement {
+    Measurement { name: "error-rate".into(), result, value, min: None, max: Some(0.05), message: Some("m".into()) }
+}
+
+struct Run<'a> {
+    stable: Option<Deployment>,
+    canary: Option<Deployment>,
+    measurements: Option<Vec<Measurement>>,
+    app: &'a App,
+}
+
+impl<'a> Run<'a> {
+    fn new(app: &'a App) -> Self {
+        Self { stable: None, canary: None, measurements: None, app }
+    }
+    fn stable(mut self, version: &str, replicas: i32, ready: i32) -> Self {
+        self.stable = Some(observed(self.app, Track::Stable, version, replicas, ready));
+        self
+    }
+    fn canary(mut self, version: &str, replicas: i32, ready: i32) -> Self {
+        self.canary = Some(observed(self.app, Track::Canary, version, replicas, ready));
+        self
+    }
+    fn measured(mut self, m: Vec<Measurement>) -> Self {
+        self.measurements = Some(m);
+        self
+    }
+    fn plan(&self, second: i64) -> Plan {
+        let id = AppIdentity::of(self.app).expect("id");
+        let input = Input {
+            app: self.app,
+            id: &id,
+            observed: Observed { stable: self.stable.as_ref(), canary: self.canary.as_ref(), hpa: None },
+            measurements: self.measurements.as_deref(),
+            now: at(second),
+        };
+        plan(&input).expect("plan")
+    }
+}
+
+/// Feeds a plan's status back into the App, as the next reconcile would read it.
+fn advance(app: &App, plan: &Plan) -> App {
+    let mut next = app.clone();
+    next.status = Some(plan.status.clone());
+    next
+}
+
+fn image(d: &Deployment) -> String {
+    image_of(d).unwrap_or_default().to_string()
+}
+
+fn replicas(d: &Deployment) -> Option<i32> {
+    d.spec.as_ref().and_then(|s| s.replicas)
+}
+
+fn reasons(plan: &Plan) -> Vec<&'static str> {
+    plan.notes.iter().map(|n| n.reason).collect()
+}
+
+#[test]
+fn first_deployment_goes_straight_in() {
+    let mut app = canary_app(3, &[20], true);
+    app.status = None;
+    let plan = Run::new(&app).plan(0);
+    assert_eq!(image(&plan.stable), "example.com/web:2");
+    assert!(plan.canary.is_none());
+    assert_eq!(plan.status.phase, Some(AppPhase::Progressing));
+    assert!(!plan.analysis_due);
+    let done = Run::new(&app).stable("2", 3, 3).plan(5);
+    assert_eq!(done.status.phase, Some(AppPhase::Healthy));
+    assert_eq!(done.status.current_version.as_deref(), Some("2"));
+}
+
+#[test]
+fn a_new_version_starts_a_canary_beside_the_stable_version() {
+    let app = canary_app(5, &[20, 50], true);
+    let plan = Run::new(&app).stable("1", 5, 5).plan(0);
+    assert_eq!(reasons(&plan), ["RolloutStarted"]);
+    let canary = plan.canary.as_ref().expect("canary");
+    assert_eq!((image(canary), replicas(canary)), ("example.com/web:2".into(), Some(1)));
+    assert_eq!(canary.metadata.name.as_deref(), Some("web-canary"));
+    assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(5)));
+    let c = plan.status.canary.as_ref().expect("canary status");
+    assert_eq!((c.step, c.steps, c.weight, c.replicas), (0, 2, 20, 1));
+    assert_eq!(plan.status.target_version.as_deref(), Some("2"));
+    assert_eq!(plan.status.current_version.as_deref(), Some("1"));
+    assert!(!plan.analysis_due, "no analysis before the canary is available");
+
+    // The canary is available: the stable Deployment gives up a replica, and a run is due.
+    let app = advance(&app, &plan);
+    let plan = Run::new(&app).stable("1", 5, 5).canary("2", 1, 1).plan(3);
+    assert_eq!(replicas(&plan.stable), Some(4));
+    assert!(plan.analysis_due);
+    assert_eq!(plan.status.canary.as_ref().map(|c| c.step), Some(0), "no step without a passing run");
+}
+
+#[test]
+fn a_passing_run_moves_to_the_next_step_and_then_promotes() {
+    let app = canary_app(5, &[20, 50], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+    let pass = vec![measurement(MeasurementResult::Pass, Some(0.01))];
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(pass.clone()).plan(3);
+    assert_eq!(reasons(&plan), ["StepCompleted"]);
+    let c = plan.status.canary.as_ref().expect("canary");
+    assert_eq!((c.step, c.weight, c.replicas), (1, 50, 3), "50% of 5 rounds to 3");
+    assert_eq!(replicas(plan.canary.as_ref().expect("canary")), Some(3));
+    assert_eq!(replicas(&plan.stable), Some(4), "stable shrinks only as canary replicas become available");
+
+    // Step 2: the next run is due one interval after the last one.
+    let app = advance(&app, &plan);
+    let early = Run::new(&app).stable("1", 4, 4).canary("2", 3, 3).plan(8);
+    assert!(!early.analysis_due);
+    assert_eq!(replicas(&early.stable), Some(2), "{:?} {:?}", early.status.canary, early.status.conditions);
+    let due = Run::new(&app).stable("1", 2, 2).canary("2", 3, 3).plan(13);
+    assert!(due.analysis_due);
+    let plan = Run::new(&app).stable("1", 2, 2).canary("2", 3, 3).measured(pass).plan(13);
+    assert_eq!(plan.status.canary.as_ref().map(|c| c.step), Some(2), "promoting");
+    assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:2".into(), Some(5)));
+    assert!(plan.canary.is_some(), "the canary serves until the stable Deployment has rolled");
+
+    // Promotion completes: canary removed, the new version is current.
+    let app = advance(&app, &plan);
+    let plan = Run::new(&app).stable("2", 5, 5).canary("2", 3, 3).plan(20);
+    assert!(plan.canary.is_none());
+    assert_eq!(plan.status.current_version.as_deref(), Some("2"));
+    assert_eq!(plan.status.phase, Some(AppPhase::Healthy));
+    assert_eq!(plan.status.history[0].result, RolloutResult::Promoted);
+    assert!(plan.status.canary.is_none() && plan.status.rollout.is_none());
+    assert_eq!(reasons(&plan), ["Promoted"]);
+}
+
+#[test]
+fn failed_runs_up_to_the_limit_roll_back() {
+    let app = canary_app(5, &[20, 50], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+    let fail = vec![measurement(MeasurementResult::Fail, Some(0.3))];
+    let first = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(fail.clone()).plan(3);
+    assert_eq!(reasons(&first), ["AnalysisFailed"]);
+    assert!(first.canary.is_some());
+    assert_eq!(first.status.analysis.as_ref().map(|a| a.failures), Some(1));
+    let app = advance(&app, &first);
+    let second = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(fail).plan(13);
+    assert_eq!(reasons(&second), ["AnalysisFailed", "RolledBack"]);
+    assert!(second.canary.is_none(), "the canary is removed");
+    assert_eq!((image(&second.stable), replicas(&second.stable)), ("example.com/web:1".into(), Some(5)));
+    assert_eq!(second.status.phase, Some(AppPhase::RolledBack));
+    assert_eq!(second.status.current_version.as_deref(), Some("1"));
+    let failed = second.status.failed_version.as_ref().expect("failed version");
+    assert_eq!((failed.version.as_str(), failed.reason.as_str()), ("2", "AnalysisFailed"));
+    assert!(failed.message.contains("error-rate"), "{}", failed.message);
+    let ready = second.status.conditions.iter().find(|c| c.type_ == PROGRESSING).expect("condition");
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "AnalysisFailed"));
+
+    // It stays rolled back: the same version is not tried again.
+    let app = advance(&app, &second);
+    let later = Run::new(&app).stable("1", 5, 5).plan(100);
+    assert!(later.canary.is_none());
+    assert!(later.notes.is_empty());
+    assert_eq!(later.status.phase, Some(AppPhase::RolledBack));
+    assert!(!later.analysis_due);
+}
+
+#[test]
+fn no_usable_data_pauses_and_never_advances() {
+    let app = canary_app(5, &[20], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+    let none = vec![measurement(MeasurementResult::Inconclusive, None)];
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(none.clone()).plan(3);
+    assert_eq!(plan.status.phase, Some(AppPhase::Paused));
+    assert_eq!(reasons(&plan), ["AnalysisInconclusive"]);
+    assert_eq!(plan.status.canary.as_ref().map(|c| c.step), Some(0));
+    assert_eq!(plan.status.analysis.as_ref().map(|a| a.failures), Some(0), "not a failure either");
+    let app = advance(&app, &plan);
+    let again = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(none).plan(13);
+    assert!(again.notes.is_empty(), "one Event per change, not per run");
+    assert_eq!(again.status.phase, Some(AppPhase::Paused));
+    let app = advance(&app, &again);
+    let pass = vec![measurement(MeasurementResult::Pass, Some(0.0))];
+    let back = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(pass).plan(23);
+    assert_eq!(reasons(&back), ["AnalysisPassed", "StepCompleted"]);
+}
+
+#[test]
+fn an_invalid_query_degrades_without_advancing() {
+    let app = canary_app(5, &[20], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+    let bad = vec![measurement(MeasurementResult::Invalid, None)];
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(bad).plan(3);
+    assert_eq!(plan.status.phase, Some(AppPhase::Degraded));
+    let c = plan.status.conditions.iter().find(|c| c.type_ == PROGRESSING).expect("condition");
+    assert_eq!(c.reason, "QueryInvalid");
+    assert_eq!(plan.recheck, Some(Duration::from_secs(10)), "looked at again after an interval, not hot");
+}
+
+#[test]
+fn setting_the_stable_version_back_reverts_at_once() {
+    let app = canary_app(5, &[20, 50], true);
+    let mut app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).plan(0));
+    app.spec.version = "1".into();
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).plan(2);
+    assert!(plan.canary.is_none());
+    assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(5)));
+    assert_eq!(reasons(&plan), ["Reverted"]);
+    assert_eq!(plan.status.history[0].result, RolloutResult::Reverted);
+    assert!(plan.status.rollout.is_none() && plan.status.canary.is_none());
+}
+
+#[test]
+fn a_new_version_during_a_rollout_restarts_it() {
+    let app = canary_app(5, &[20, 50], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+    let pass = vec![measurement(MeasurementResult::Pass, Some(0.0))];
+    let mut app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(pass).plan(3));
+    assert_eq!(app.status.as_ref().and_then(|s| s.canary.as_ref()).map(|c| c.step), Some(1));
+    app.spec.version = "3".into();
+    let plan = Run::new(&app).stable("1", 2, 2).canary("2", 3, 3).plan(5);
+    assert_eq!(reasons(&plan), ["Superseded", "RolloutStarted"]);
+    let c = plan.status.canary.as_ref().expect("canary");
+    assert_eq!((c.step, c.weight), (0, 20));
+    assert_eq!(image(plan.canary.as_ref().expect("canary")), "example.com/web:3");
+    assert_eq!(plan.status.analysis.as_ref().map(|a| (a.failures, a.last_run.is_none())), Some((0, true)));
+    assert_eq!(replicas(&plan.stable), Some(5), "the old canary's pods do not count for the new version");
+}
+
+#[test]
+fn a_canary_that_never_becomes_available_is_rolled_back_by_the_health_gate() {
+    let app = canary_app(3, &[50], false);
+    let app = advance(&app, &Run::new(&app).stable("1", 3, 3).plan(0));
+    let waiting = Run::new(&app).stable("1", 3, 3).canary("2", 2, 0).plan(59);
+    assert!(waiting.canary.is_some());
+    assert_eq!(waiting.status.phase, Some(AppPhase::Progressing));
+    let plan = Run::new(&app).stable("1", 3, 3).canary("2", 2, 0).plan(61);
+    assert!(plan.canary.is_none());
+    assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
+    let failed = plan.status.failed_version.as_ref().expect("failed");
+    assert_eq!(failed.reason, "ProgressDeadlineExceeded");
+    assert!(failed.message.contains("web-canary"), "{}", failed.message);
+}
+
+#[test]
+fn without_auto_rollback_a_failure_holds_the_rollout() {
+    let mut app = canary_app(5, &[20], true);
+    app.spec.auto_rollback = Some(false);
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+    let fail = vec![measurement(MeasurementResult::Fail, Some(0.3))];
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(fail.clone()).plan(3));
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(fail).plan(13);
+    assert_eq!(plan.status.phase, Some(AppPhase::Paused));
+    assert!(plan.canary.is_some(), "the canary stays for a person to look at");
+    assert!(plan.status.failed_version.is_none());
+    let app = advance(&app, &plan);
+    let later = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).plan(30);
+    assert!(!later.analysis_due, "no more runs once the limit is reached");
+    assert_eq!(later.status.phase, Some(AppPhase::Paused));
+}
+
+fn with_annotation(app: &App, key: &str, value: &str) -> App {
+    let mut app = app.clone();
+    app.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(key.into(), value.into());
+    app
+}
+
+#[test]
+fn user_requests() {
+    let app = canary_app(5, &[20, 50], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+
+    // Pause: no runs, no steps.
+    let paused = with_annotation(&app, ANNOTATION_PAUSED, "true");
+    let plan = Run::new(&paused).stable("1", 4, 4).canary("2", 1, 1).plan(3);
+    assert_eq!(plan.status.phase, Some(AppPhase::Paused));
+    assert!(!plan.analysis_due);
+
+    // Promote one step, once per request id.
+    let promote = with_annotation(&app, ANNOTATION_ACTION, "promote 1");
+    let plan = Run::new(&promote).stable("1", 4, 4).canary("2", 1, 1).plan(3);
+    assert_eq!(plan.status.canary.as_ref().map(|c| c.step), Some(1));
+    assert_eq!(plan.status.handled_action.as_deref(), Some("promote 1"));
+    let again = Run::new(&advance(&promote, &plan)).stable("1", 4, 4).canary("2", 3, 1).plan(4);
+    assert_eq!(again.status.canary.as_ref().map(|c| c.step), Some(1), "the same request acts once");
+
+    // Promote fully: straight to promotion.
+    let full = with_annotation(&app, ANNOTATION_ACTION, "promote-full 2");
+    let plan = Run::new(&full).stable("1", 4, 4).canary("2", 1, 1).plan(3);
+    assert_eq!(plan.status.canary.as_ref().map(|c| c.step), Some(2));
+    assert_eq!(image(&plan.stable), "example.com/web:2");
+
+    // Abort, then retry.
+    let abort = with_annotation(&app, ANNOTATION_ACTION, "abort 3");
+    let plan = Run::new(&abort).stable("1", 4, 4).canary("2", 1, 1).plan(3);
+    assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
+    assert_eq!(plan.status.failed_version.as_ref().map(|f| f.reason.as_str()), Some("Aborted"));
+    assert!(plan.canary.is_none());
+    let retry = with_annotation(&advance(&abort, &plan), ANNOTATION_ACTION, "retry 4");
+    let plan = Run::new(&retry).stable("1", 5, 5).plan(5);
+    assert_eq!(reasons(&plan), ["RolloutStarted"]);
+    assert!(plan.canary.is_some());
+    assert!(plan.status.failed_version.is_none());
+
+    let unknown = with_annotation(&app, ANNOTATION_ACTION, "explode 5");
+    assert_eq!(reasons(&Run::new(&unknown).stable("1", 5, 5).plan(3)), ["UnknownAction"]);
+}
+
+#[test]
+fn a_spec_change_retries_a_rolled_back_version() {
+    let app = canary_app(5, &[20], false);
+    let abort = with_annotation(&app, ANNOTATION_ACTION, "abort 1");
+    let abort = advance(&abort, &Run::new(&abort).stable("1", 5, 5).plan(0));
+    let rolled_back = advance(&abort, &Run::new(&abort).stable("1", 5, 5).plan(1));
+    assert_eq!(rolled_back.status.as_ref().and_then(|s| s.phase), Some(AppPhase::RolledBack));
+    let mut changed = rolled_back.clone();
+    changed.metadata.generation = Some(3);
+    assert_eq!(reasons(&Run::new(&changed).stable("1", 5, 5).plan(2)), ["RolloutStarted"]);
+}
+
+#[test]
+fn the_stable_pod_template_is_kept_during_a_canary() {
+    let app = canary_app(3, &[50], false);
+    let stable = observed(&app, Track::Stable, "1", 3, 3);
+    let mut changed = app.clone();
+    changed.spec.pod_annotations = Some(BTreeMap::from([("a".to_string(), "b".to_string())]));
+    let id = AppIdentity::of(&changed).expect("id");
+    let input = Input {
+        app: &changed,
+        id: &id,
+        observed: Observed { stable: Some(&stable), canary: None, hpa: None },
+        measurements: None,
+        now: at(0),
+    };
+    let plan = plan(&input).expect("plan");
+    let template = |d: &Deployment| d.spec.as_ref().map(|s| s.template.clone());
+    assert_eq!(template(&plan.stable), template(&stable), "stable pods are not restarted");
+    let canary_annotations = plan.canary.as_ref().and_then(|d| d.spec.as_ref()?.template.metadata.as_ref()?.annotations.clone());
+    assert_eq!(canary_annotations, changed.spec.pod_annotations, "the canary runs the new template");
+}
+
+#[test]
+fn rolling_updates_are_gated_and_reverted() {
+    let app = rolling_app(true);
+    let plan = Run::new(&app).stable("1", 4, 4).plan(0);
+    assert_eq!(image(&plan.stable), "example.com/web:2");
+    assert!(plan.canary.is_none());
+    assert!(plan.analysis_due, "the analysis runs while the update progresses");
+    let app = advance(&app, &plan);
+
+    // No data: the Deployment is paused where it is.
+    let none = vec![measurement(MeasurementResult::Inconclusive, None)];
+    let plan = Run::new(&app).stable("2", 4, 2).measured(none).plan(1);
+    assert_eq!(plan.stable.spec.as_ref().and_then(|s| s.paused), Some(true));
+    assert_eq!(plan.status.phase, Some(AppPhase::Paused));
+
+    // Complete and passing: promoted.
+    let pass = vec![measurement(MeasurementResult::Pass, Some(0.0))];
+    let plan = Run::new(&advance(&app, &plan)).stable("2", 4, 4).measured(pass).plan(12);
+    assert_eq!(plan.stable.spec.as_ref().and_then(|s| s.paused), None);
+    assert_eq!(plan.status.current_version.as_deref(), Some("2"));
+
+    // Failing twice: the image goes back.
+    let fail = vec![measurement(MeasurementResult::Fail, Some(1.0))];
+    let app2 = advance(&app, &Run::new(&app).stable("2", 4, 2).measured(fail.clone()).plan(1));
+    let plan = Run::new(&app2).stable("2", 4, 3).measured(fail).plan(11);
+    assert_eq!(image(&plan.stable), "example.com/web:1");
+    assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
+}
+
+#[test]
+fn rolling_without_analysis_completes_when_available() {
+    let app = rolling_app(false);
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let plan = Run::new(&app).stable("2", 4, 4).plan(5);
+    assert_eq!(plan.status.current_version.as_deref(), Some("2"));
+    assert_eq!(reasons(&plan), ["Promoted"]);
+    let late = Run::new(&app).stable("2", 4, 1).plan(61);
+    assert_eq!(late.status.phase, Some(AppPhase::RolledBack));
+    assert_eq!(image(&late.stable), "example.com/web:1");
+}
+
+#[test]
+fn settled_apps_plan_the_same_status() {
+    let app = canary_app(3, &[50], false);
+    let plan = Run::new(&app).stable("1", 3, 3).plan(0);
+    let mut app = canary_app(3, &[50], false);
+    app.spec.version = "1".into();
+    let first = Run::new(&app).stable("1", 3, 3).plan(0);
+    let second = Run::new(&advance(&app, &first)).stable("1", 3, 3).plan(500);
+    assert_eq!(first.status, second.status, "nothing to write twice");
+    assert!(second.notes.is_empty() && second.recheck.is_none());
+    assert!(plan.canary.is_some());
+}
+
+fn result_strategy() -> impl proptest::strategy::Strategy<Value = MeasurementResult> {
+    prop_oneof![
+        Just(MeasurementResult::Pass),
+        Just(MeasurementResult::Fail),
+        Just(MeasurementResult::Inconclusive),
+        Just(MeasurementResult::Invalid),
+    ]
+}
+
+proptest! {
+    /// Canary replicas stay within [1, total-1], never promote on a run that did not pass,
+    /// and a revert never passes through a canary.
+    #[test]
+    fn invariants(
+        total in 2i32..40,
+        weights in proptest::collection::vec(1i32..=100, 1..4),
+        ready_canary in 0i32..40,
+        results in proptest::collection::vec(result_strategy(), 1..3),
+        step in 0usize..4,
+        revert in any::<bool>(),
+    ) {
+        let app = canary_app(total, &weights, true);
+        let mut app = advance(&app, &Run::new(&app).stable("1", total, total).plan(0));
+        if let Some(c) = app.status.as_mut().and_then(|s| s.canary.as_mut()) {
+            c.step = i32::try_from(step.min(weights.len() - 1)).unwrap_or(0);
+        }
+        if revert {
+            app.spec.version = "1".into();
+        }
+        let measurements: Vec<_> = results.iter().map(|r| measurement(*r, Some(0.0))).collect();
+        let passed = summarise(&measurements) == MeasurementResult::Pass;
+        let before = app.status.as_ref().and_then(|s| s.canary.as_ref()).map(|c| c.step);
+        let plan = Run::new(&app).stable("1", total, total).canary("2", total, ready_canary.min(total)).measured(measurements).plan(20);
+        if revert {
+            prop_assert!(plan.canary.is_none());
+            prop_assert_eq!(image(&plan.stable), "example.com/web:1");
+        }
+        if let (Some(c), Some(d)) = (plan.status.canary.as_ref(), plan.canary.as_ref())
+            && c.step < c.steps
+        {
+            let n = replicas(d).unwrap_or(0);
+            prop_assert!(n >= 1 && n < total, "canary {} of {}", n, total);
+        }
+        if !passed && !revert {
+            let after = plan.status.canary.as_ref().map(|c| c.step);
+            prop_assert!(after <= before || after.is_none(), "a step was taken on a run that did not pass");
+            prop_assert_ne!(plan.status.current_version.as_deref(), Some("2"));
+        }
+    }
+}
