@@ -139,10 +139,8 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
 /// The Service in front of both tracks: it splits traffic by replica count.
 pub fn desired_service(app: &App, id: &AppIdentity) -> Service {
     let port = app.spec.port.unwrap_or(names::DEFAULT_APP_PORT);
-    let mut labels = names::service_selector(&id.name);
-    labels.insert(names::LABEL_VERSION.to_string(), app.spec.version.clone());
     Service {
-        metadata: id.meta(names::service_name(&id.name), labels),
+        metadata: id.meta(names::service_name(&id.name), names::service_selector(&id.name)),
         spec: Some(ServiceSpec {
             selector: Some(names::service_selector(&id.name)),
             ports: Some(vec![ServicePort {

@@ -29,12 +29,7 @@ fn canary_app(replicas: i32, weights: &[i32], analysis: bool) -> App {
                 interval: Some("10s".into()),
                 failure_limit: Some(2),
                 prometheus_url: None,
-                metrics: vec![MetricCheck {
-                    name: "error-rate".into(),
-                    query: "q".into(),
-                    max: Some(0.05),
-                    min: None,
-                }],
+                metrics: vec![MetricCheck { name: "error-rate".into(), query: "q".into(), max: Some(0.05), min: None }],
             }),
             progress_deadline_seconds: Some(60),
             ..AppSpec::default()
@@ -408,7 +403,8 @@ fn the_stable_pod_template_is_kept_during_a_canary() {
     let plan = plan(&input).expect("plan");
     let template = |d: &Deployment| d.spec.as_ref().map(|s| s.template.clone());
     assert_eq!(template(&plan.stable), template(&stable), "stable pods are not restarted");
-    let canary_annotations = plan.canary.as_ref().and_then(|d| d.spec.as_ref()?.template.metadata.as_ref()?.annotations.clone());
+    let canary_annotations =
+        plan.canary.as_ref().and_then(|d| d.spec.as_ref()?.template.metadata.as_ref()?.annotations.clone());
     assert_eq!(canary_annotations, changed.spec.pod_annotations, "the canary runs the new template");
 }
 

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod prometheus;
+pub mod rollout;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

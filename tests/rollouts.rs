@@ -1,0 +1,372 @@
+//! End to end, against the local control plane and a real Prometheus scraping an exporter
+//! whose per-version traffic the test sets: canary promotion, rollback on a failed metric,
+//! missing data, an invalid query, a rolling update's availability, reverting and
+//! superseding versions, canaries with an autoscaler, a latency gate, and manual control
+//! through the CLI.
+
+mod support;
+
+use flotilla::api::{AppPhase, MeasurementResult, RolloutResult};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use support::kubeconfig;
+use support::rollout::{P99_MS, Rig, analysis, condition, error_rate_check, image_of};
+
+fn canary(steps: serde_json::Value) -> serde_json::Value {
+    json!({"type": "Canary", "canary": {"steps": steps}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_good_canary_passes_every_step_and_is_promoted() {
+    let rig = Rig::start("ro-good").await;
+    rig.traffic("web", "1", 0.0, 0.05);
+    rig.traffic("web", "2", 0.01, 0.05);
+    rig.create(
+        "web",
+        json!({"replicas": 4, "strategy": canary(json!([{"weight": 25, "pause": "2s"}, {"weight": 50, "pause": "2s"}])),
+               "analysis": analysis(error_rate_check())}),
+    )
+    .await;
+    rig.wait_for_data("web", "2").await;
+    rig.set_version("web", "2").await;
+
+    let mut biggest_canary = 0;
+    let mut weights = Vec::new();
+    let started = Instant::now();
+    let app = loop {
+        let app = rig.app("web").await;
+        let s = app.status.clone().unwrap_or_default();
+        if let Some(c) = &s.canary {
+            biggest_canary = biggest_canary.max(c.replicas);
+            if weights.last() != Some(&c.weight) {
+                weights.push(c.weight);
+            }
+        }
+        assert_ne!(s.phase, Some(AppPhase::RolledBack), "a good canary was rolled back: {:?}", s.conditions);
+        if s.phase == Some(AppPhase::Healthy) && s.current_version.as_deref() == Some("2") {
+            break app;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "not promoted in 120 s: {s:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(weights.starts_with(&[25]) && weights.contains(&50), "went through the steps: {weights:?}");
+    assert!((1..=3).contains(&biggest_canary), "canary of 1..3 of 4 replicas: {biggest_canary}");
+    let s = app.status.expect("status");
+    assert_eq!(s.history[0].result, RolloutResult::Promoted);
+    assert!(s.canary.is_none());
+    assert!(rig.deployment("web-canary").await.is_none(), "the canary Deployment is gone");
+    let stable = rig.deployment("web").await.expect("stable");
+    assert_eq!(image_of(&stable), "registry.example.com/tests/web:2");
+    let m = &s.analysis.expect("analysis").measurements[0];
+    assert_eq!((m.name.as_str(), m.result), ("error-rate", MeasurementResult::Pass));
+    rig.wait_events("web", &["RolloutStarted", "StepCompleted", "Promoted"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_canary_is_rolled_back_and_the_stable_deployment_never_changes() {
+    let rig = Rig::start("ro-bad").await;
+    rig.traffic("web", "2", 0.5, 0.05);
+    rig.create(
+        "web",
+        json!({"replicas": 3, "strategy": canary(json!([{"weight": 34}, {"weight": 67}])),
+               "analysis": analysis(error_rate_check())}),
+    )
+    .await;
+    rig.set_version("web", "2").await;
+    let started = Instant::now();
+    let mut saw_canary = false;
+    let app = loop {
+        if let Some(stable) = rig.deployment("web").await {
+            assert_eq!(image_of(&stable), "registry.example.com/tests/web:1", "the stable Deployment changed");
+        }
+        saw_canary |= rig.deployment("web-canary").await.is_some();
+        let app = rig.app("web").await;
+        let s = app.status.clone().unwrap_or_default();
+        assert_ne!(s.current_version.as_deref(), Some("2"), "a bad canary was promoted");
+        if s.phase == Some(AppPhase::RolledBack) {
+            break app;
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "not rolled back in 90 s: {s:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(saw_canary);
+    let s = app.status.clone().expect("status");
+    let failed = s.failed_version.expect("failed version");
+    assert_eq!((failed.version.as_str(), failed.reason.as_str()), ("2", "AnalysisFailed"));
+    let (_, reason, message) = condition(&app, "Progressing");
+    assert_eq!(reason, "AnalysisFailed");
+    assert!(message.contains("error-rate") && message.contains("max 0.05"), "{message}");
+    assert_eq!(s.current_version.as_deref(), Some("1"));
+    assert_eq!(s.history[0].result, RolloutResult::RolledBack);
+    support::wait_for(Duration::from_secs(20), "canary Deployment removed", || async {
+        rig.deployment("web-canary").await.is_none().then_some(())
+    })
+    .await;
+    rig.wait_events("web", &["AnalysisFailed", "RolledBack"]).await;
+
+    // It stays rolled back: the failed version is not tried again by itself.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(rig.deployment("web-canary").await.is_none());
+    assert_eq!(rig.app("web").await.status.and_then(|s| s.phase), Some(AppPhase::RolledBack));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_data_pauses_the_rollout_until_prometheus_is_back() {
+    let mut rig = Rig::start("ro-nodata").await;
+    // Some errors, so that the 5xx series exists: a ratio over no series is no data.
+    rig.traffic("web", "2", 0.01, 0.05);
+    rig.create(
+        "web",
+        json!({"replicas": 2, "strategy": canary(json!([{"weight": 50, "pause": "10s"}])),
+               "analysis": analysis(error_rate_check())}),
+    )
+    .await;
+    rig.wait_for_data("web", "2").await;
+    rig.set_version("web", "2").await;
+    rig.wait_until("canary available and passing", |a| {
+        let s = a.status.as_ref()?;
+        (s.canary.as_ref()?.replicas == 1 && s.analysis.as_ref()?.last_result == Some(MeasurementResult::Pass))
+            .then_some(())
+    })
+    .await;
+    rig.prometheus.stop().await;
+    let paused = rig
+        .wait_until("paused: Prometheus unreachable", |a| {
+            (a.status.as_ref()?.phase == Some(AppPhase::Paused)
+                && condition(a, "Progressing").2.contains("unreachable"))
+            .then_some(())
+        })
+        .await;
+    let (_, reason, message) = condition(&paused, "Progressing");
+    assert_eq!(reason, "Inconclusive");
+    assert!(message.contains("unreachable") && message.contains("never promoted"), "{message}");
+    // Past the step's pause: still not promoted while the data is missing.
+    let until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < until {
+        let s = rig.app("web").await.status.unwrap_or_default();
+        assert_eq!(s.current_version.as_deref(), Some("1"), "promoted without data");
+        assert_eq!(s.canary.as_ref().map(|c| c.step), Some(0), "a step was taken without data");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    rig.prometheus.restart().await;
+    rig.wait_healthy("web", "2").await;
+    rig.wait_events("web", &["AnalysisInconclusive", "AnalysisPassed", "Promoted"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_query_degrades_the_app_with_prometheus_message_and_no_hot_loop() {
+    let rig = Rig::start("ro-badq").await;
+    rig.create(
+        "web",
+        json!({"replicas": 2, "strategy": canary(json!([{"weight": 50}])),
+               "analysis": analysis(json!([{"name": "broken", "query": "sum(rate(http_requests_total[1m]", "max": 1}]))}),
+    )
+    .await;
+    rig.set_version("web", "2").await;
+    let app = rig.wait_phase("web", AppPhase::Degraded).await;
+    let (_, reason, message) = condition(&app, "Progressing");
+    assert_eq!(reason, "QueryInvalid");
+    assert!(message.contains("parse error"), "Prometheus' message is shown: {message}");
+    let invalid = |text: String| {
+        text.lines()
+            .find(|l| l.starts_with("flotilla_analysis_measurements_total{result=\"invalid\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let before = invalid(rig.operator.metrics().await);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let runs = invalid(rig.operator.metrics().await) - before;
+    assert!((1.0..=7.0).contains(&runs), "one query every 2 s interval, not a hot loop: {runs} in 10 s");
+    let s = rig.app("web").await.status.expect("status");
+    assert_eq!(s.current_version.as_deref(), Some("1"));
+    assert_eq!(s.phase, Some(AppPhase::Degraded));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_keeps_all_but_max_unavailable_replicas_available() {
+    let rig = Rig::start("ro-rolling").await;
+    rig.create(
+        "web",
+        json!({"replicas": 4, "minReadySeconds": 2,
+               "strategy": {"type": "Rolling", "rolling": {"maxUnavailable": 1, "maxSurge": 1}}}),
+    )
+    .await;
+    rig.set_version("web", "2").await;
+    let started = Instant::now();
+    let mut lowest = i32::MAX;
+    let mut samples = 0;
+    loop {
+        let d = rig.deployment("web").await.expect("deployment");
+        let available = d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0);
+        lowest = lowest.min(available);
+        samples += 1;
+        let s = rig.app("web").await.status.unwrap_or_default();
+        if s.phase == Some(AppPhase::Healthy) && s.current_version.as_deref() == Some("2") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "rolling update did not finish: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(samples > 10, "sampled while it rolled ({samples} samples)");
+    assert!(lowest >= 3, "availability dropped to {lowest} of 4 with maxUnavailable 1");
+    let d = rig.deployment("web").await.expect("deployment");
+    let rolling = d.spec.and_then(|s| s.strategy).and_then(|s| s.rolling_update).expect("rolling update");
+    assert_eq!(rolling.max_unavailable, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverting_mid_canary_rolls_back_at_once_and_a_new_version_restarts_the_rollout() {
+    let rig = Rig::start("ro-revert").await;
+    rig.traffic("web", "2", 0.0, 0.05);
+    rig.traffic("web", "3", 0.0, 0.05);
+    rig.create(
+        "web",
+        json!({"replicas": 4, "strategy": canary(json!([{"weight": 25, "pause": "1h"}, {"weight": 50}])),
+               "analysis": analysis(error_rate_check())}),
+    )
+    .await;
+    rig.set_version("web", "2").await;
+    rig.wait_until("canary of 2 at step 1", |a| (a.status.as_ref()?.canary.as_ref()?.replicas == 1).then_some(()))
+        .await;
+    support::wait_for(Duration::from_secs(30), "canary Deployment", || async { rig.deployment("web-canary").await })
+        .await;
+
+    // Back to the stable version: the canary goes at once, no steps.
+    rig.set_version("web", "1").await;
+    let reverted = Instant::now();
+    support::wait_for(Duration::from_secs(10), "canary removed at once", || async {
+        rig.deployment("web-canary").await.is_none().then_some(())
+    })
+    .await;
+    let took = reverted.elapsed();
+    let app = rig.wait_healthy("web", "1").await;
+    let s = app.status.expect("status");
+    assert_eq!(s.history[0].result, RolloutResult::Reverted);
+    assert_eq!(image_of(&rig.deployment("web").await.expect("stable")), "registry.example.com/tests/web:1");
+    assert!(took < Duration::from_secs(10), "revert took {took:?}");
+
+    // A new version during the analysis restarts from step 1 with fresh analysis.
+    rig.set_version("web", "2").await;
+    rig.wait_until("measured canary of 2", |a| {
+        let s = a.status.as_ref()?;
+        (s.target_version.as_deref() == Some("2") && s.analysis.as_ref()?.last_run.is_some()).then_some(())
+    })
+    .await;
+    rig.set_version("web", "3").await;
+    let app = rig
+        .wait_until("rollout of 3 at step 1", |a| {
+            let s = a.status.as_ref()?;
+            (s.target_version.as_deref() == Some("3") && s.canary.as_ref()?.step == 0).then_some(())
+        })
+        .await;
+    let s = app.status.expect("status");
+    assert_eq!(s.history[0].result, RolloutResult::Superseded);
+    assert_eq!(s.history[0].version, "2");
+    assert_eq!(s.analysis.map(|a| a.failures), Some(0));
+    support::wait_for(Duration::from_secs(30), "canary runs version 3", || async {
+        let d = rig.deployment("web-canary").await?;
+        (image_of(&d) == "registry.example.com/tests/web:3").then_some(())
+    })
+    .await;
+    rig.wait_events("web", &["Reverted", "Superseded"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_follows_the_autoscaler_replicas() {
+    let rig = Rig::start("ro-hpa").await;
+    rig.create(
+        "web",
+        json!({"autoscaling": {"minReplicas": 4, "maxReplicas": 10},
+               "strategy": canary(json!([{"weight": 50, "pause": "1h"}]))}),
+    )
+    .await;
+    support::wait_for(Duration::from_secs(60), "the autoscaler sets 4 replicas", || async {
+        let d = rig.deployment("web").await?;
+        (d.spec?.replicas == Some(4)).then_some(())
+    })
+    .await;
+    rig.set_version("web", "2").await;
+    support::wait_for(Duration::from_secs(60), "canary of 2 (50% of 4)", || async {
+        let d = rig.deployment("web-canary").await?;
+        (d.spec?.replicas == Some(2)).then_some(())
+    })
+    .await;
+    rig.patch_spec("web", json!({"autoscaling": {"minReplicas": 6, "maxReplicas": 10}})).await;
+    support::wait_for(Duration::from_secs(60), "canary of 3 (50% of 6)", || async {
+        let d = rig.deployment("web-canary").await?;
+        (d.spec?.replicas == Some(3)).then_some(())
+    })
+    .await;
+    let s = rig.app("web").await.status.expect("status");
+    assert_eq!(s.canary.map(|c| (c.replicas, c.stable_replicas)), Some((3, 6)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_p99_latency_over_two_seconds_rolls_back() {
+    let rig = Rig::start("ro-p99").await;
+    rig.traffic("web", "2", 0.0, 3.0);
+    rig.create(
+        "web",
+        json!({"replicas": 2, "strategy": canary(json!([{"weight": 50}])),
+               "analysis": analysis(json!([{"name": "p99-latency-ms", "query": P99_MS, "max": 2000}]))}),
+    )
+    .await;
+    rig.set_version("web", "2").await;
+    let app = rig.wait_phase("web", AppPhase::RolledBack).await;
+    let failed = app.status.as_ref().and_then(|s| s.failed_version.clone()).expect("failed version");
+    assert!(failed.message.contains("p99-latency-ms") && failed.message.contains("max 2000"), "{}", failed.message);
+    let m = &app.status.and_then(|s| s.analysis).expect("analysis").measurements[0];
+    assert!(m.value.is_some_and(|v| v > 2000.0), "{m:?}");
+}
+
+fn cli(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .output()
+        .expect("running flotilla");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "flotilla {args:?} failed: {text}");
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promote_abort_retry_and_pause_from_the_cli() {
+    let rig = Rig::start("ro-cli").await;
+    let ns = rig.ns.name.clone();
+    rig.create("web", json!({"replicas": 4, "strategy": canary(json!([{"weight": 25, "pause": "1h"}, {"weight": 50, "pause": "1h"}]))}))
+        .await;
+    rig.set_version("web", "2").await;
+    let step = |n: i32| move |a: &flotilla::api::App| (a.status.as_ref()?.canary.as_ref()?.step == n).then_some(());
+    rig.wait_until("at step 1", step(0)).await;
+
+    cli(&["pause", "web", "-n", &ns]);
+    let paused = rig.wait_phase("web", AppPhase::Paused).await;
+    assert_eq!(condition(&paused, "Progressing").1, "PausedByUser");
+    cli(&["resume", "web", "-n", &ns]);
+    rig.wait_phase("web", AppPhase::Progressing).await;
+
+    cli(&["promote", "web", "-n", &ns]);
+    rig.wait_until("at step 2", step(1)).await;
+    let status = cli(&["status", "web", "-n", &ns]);
+    assert!(status.contains("50%"), "status shows the weight: {status}");
+
+    cli(&["abort", "web", "-n", &ns]);
+    let app = rig.wait_phase("web", AppPhase::RolledBack).await;
+    assert_eq!(app.status.and_then(|s| s.failed_version).map(|f| f.reason), Some("Aborted".to_string()));
+    support::wait_for(Duration::from_secs(20), "canary removed", || async {
+        rig.deployment("web-canary").await.is_none().then_some(())
+    })
+    .await;
+
+    cli(&["retry", "web", "-n", &ns]);
+    rig.wait_until("retried at step 1", |a| {
+        let s = a.status.as_ref()?;
+        (s.phase == Some(AppPhase::Progressing) && s.canary.as_ref()?.step == 0).then_some(())
+    })
+    .await;
+    cli(&["promote", "web", "-n", &ns, "--full"]);
+    rig.wait_healthy("web", "2").await;
+    rig.wait_events("web", &["StepPromotedByUser", "RolledBack", "PromotedByUser", "Promoted"]).await;
+}
