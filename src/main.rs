@@ -1,5 +1,9 @@
 use clap::Parser;
-use flotilla::cli::{Cli, Command};
+use flotilla::cli::control::Request;
+use flotilla::cli::{AppTarget, Cli, Command};
+use flotilla::rollout::planner::Verb;
+use std::future::Future;
+use std::path::Path;
 use std::process::ExitCode;
 
 fn replica_id(explicit: Option<String>) -> String {
@@ -19,9 +23,77 @@ fn runtime(multi_thread: bool) -> Result<tokio::runtime::Runtime, String> {
     builder.enable_all().build().map_err(|e| format!("error: starting the async runtime: {e}"))
 }
 
+/// Runs `command` with a client for `kubeconfig` on a current-thread runtime; a failure to
+/// start either is printed and exits non-zero.
+fn with_client<F, Fut>(kubeconfig: Option<&Path>, command: F) -> ExitCode
+where
+    F: FnOnce(kube::Client) -> Fut,
+    Fut: Future<Output = ExitCode>,
+{
+    let runtime = match runtime(false) {
+        Ok(rt) => rt,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        match flotilla::operator::client_for(kubeconfig, "cli").await {
+            Ok(client) => command(client).await,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// The App's namespace: the one given, else the kubeconfig context's (`default` when it names none).
+fn namespace_of(target: &AppTarget, client: &kube::Client) -> String {
+    target.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string())
+}
+
+/// `flotilla promote|abort|retry|pause|resume`.
+fn control(target: AppTarget, request: Request) -> ExitCode {
+    let kubeconfig = target.kubeconfig.clone();
+    with_client(kubeconfig.as_deref(), |client| async move {
+        let namespace = namespace_of(&target, &client);
+        match flotilla::cli::control::send(client, &namespace, &target.app, request).await {
+            Ok(confirmation) => {
+                println!("{confirmation}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Promote(args) => {
+            control(args.target, Request::Action(if args.full { Verb::PromoteFull } else { Verb::Promote }))
+        }
+        Command::Abort(target) => control(target, Request::Action(Verb::Abort)),
+        Command::Retry(target) => control(target, Request::Action(Verb::Retry)),
+        Command::Pause(target) => control(target, Request::Pause),
+        Command::Resume(target) => control(target, Request::Resume),
+        Command::Status(args) => {
+            let kubeconfig = args.target.kubeconfig.clone();
+            with_client(kubeconfig.as_deref(), |client| async move {
+                let namespace = namespace_of(&args.target, &client);
+                match flotilla::cli::observe::show(client, &namespace, &args.target.app, args.watch).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            })
+        }
         Command::Crd => match flotilla::api::crds_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");

@@ -1,6 +1,9 @@
 //! The `flotilla` command line.
 
+pub mod control;
+pub mod observe;
 pub mod shards;
+pub mod status;
 
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
@@ -21,6 +24,49 @@ pub enum Command {
     Crd,
     /// Show which replica holds which shard, since when, and how many namespaces and Apps each has.
     Shards(ShardsArgs),
+    /// Show an App's rollout: phase, versions, canary step, measurements, history.
+    Status(StatusArgs),
+    /// Move a canary rollout to its next step now (with --full: finish it, skipping every remaining step and check).
+    Promote(PromoteArgs),
+    /// Roll the App back to its stable version now.
+    Abort(AppTarget),
+    /// Try the version that was rolled back again.
+    Retry(AppTarget),
+    /// Hold the App's rollout where it is until `resume`.
+    Pause(AppTarget),
+    /// Let a paused rollout go on.
+    Resume(AppTarget),
+}
+
+/// The App a rollout command acts on.
+#[derive(clap::Args, Debug)]
+pub struct AppTarget {
+    /// Name of the App.
+    pub app: String,
+    /// Namespace of the App; default: the kubeconfig context's namespace, else `default`.
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Kubeconfig to use; default: in-cluster, then $KUBECONFIG, then ~/.kube/config.
+    #[arg(long, env = "FLOTILLA_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PromoteArgs {
+    #[command(flatten)]
+    pub target: AppTarget,
+    /// Skip every remaining step and check: the new version replaces the stable one now.
+    #[arg(long)]
+    pub full: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub target: AppTarget,
+    /// Print the status again whenever the App changes, until Ctrl-C.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -98,5 +144,44 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(std::time::Duration::from_secs(120)));
         assert!(parse_duration("6h").is_err());
         assert!(parse_duration("x").is_err());
+    }
+
+    fn parse(args: &[&str]) -> Command {
+        match Cli::try_parse_from(args) {
+            Ok(cli) => cli.command,
+            Err(e) => panic!("{args:?}: {e}"),
+        }
+    }
+
+    #[test]
+    fn rollout_commands() {
+        let Command::Promote(p) =
+            parse(&["flotilla", "promote", "checkout", "-n", "shop", "--full", "--kubeconfig", "/k"])
+        else {
+            panic!("not promote")
+        };
+        assert_eq!((p.target.app.as_str(), p.target.namespace.as_deref(), p.full), ("checkout", Some("shop"), true));
+        assert_eq!(p.target.kubeconfig.as_deref(), Some(std::path::Path::new("/k")));
+        let Command::Promote(p) = parse(&["flotilla", "promote", "checkout"]) else { panic!("not promote") };
+        assert!(!p.full && p.target.namespace.is_none());
+        for verb in ["abort", "retry", "pause", "resume"] {
+            let command = parse(&["flotilla", verb, "web", "--namespace", "shop", "--kubeconfig", "/k"]);
+            let target = match command {
+                Command::Abort(t) | Command::Retry(t) | Command::Pause(t) | Command::Resume(t) => t,
+                other => panic!("{verb}: {other:?}"),
+            };
+            assert_eq!((target.app.as_str(), target.namespace.as_deref()), ("web", Some("shop")), "{verb}");
+        }
+        assert!(Cli::try_parse_from(["flotilla", "abort"]).is_err(), "the App is required");
+    }
+
+    #[test]
+    fn works_as_a_kubectl_plugin() {
+        // kubectl runs `kubectl-flotilla status web -n shop`: argv[0] is only a name.
+        let Command::Status(s) = parse(&["/home/me/.local/bin/kubectl-flotilla", "status", "web", "-n", "shop", "-w"])
+        else {
+            panic!("not status")
+        };
+        assert_eq!((s.target.app.as_str(), s.target.namespace.as_deref(), s.watch), ("web", Some("shop"), true));
     }
 }
