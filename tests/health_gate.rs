@@ -16,14 +16,22 @@ struct Cordoned;
 
 impl Cordoned {
     fn all() -> Self {
-        kubectl_ok(&["cordon", "--all"]);
+        for node in nodes() {
+            kubectl_ok(&["cordon", &node]);
+        }
         Cordoned
     }
 }
 
+fn nodes() -> Vec<String> {
+    kubectl_ok(&["get", "nodes", "-o", "name"]).lines().map(str::to_string).collect()
+}
+
 impl Drop for Cordoned {
     fn drop(&mut self) {
-        let _ = support::kubectl_try(&["uncordon", "--all"]);
+        for node in nodes() {
+            let _ = support::kubectl_try(&["uncordon", &node]);
+        }
     }
 }
 
