@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The main job: a local control plane, the operator running under its own ServiceAccount
-# (real RBAC), and sample Apps whose rollout you can watch.
+# The main job: a local control plane, a real Prometheus scraping a demo traffic exporter,
+# the operator as several replicas running under its own ServiceAccount (real RBAC), two
+# tenants with Apps, and two canary rollouts you can watch: a good one that is promoted and
+# a bad one that is rolled back.
 #
-#   bash hack/demo.sh        start everything (idempotent), then roll out a new version
-#   bash hack/demo.sh down   stop the operator and the cluster
+#   bash hack/demo.sh        start everything (idempotent), then run the two rollouts
+#   bash hack/demo.sh down   stop the operator, Prometheus, the exporter and the cluster
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -14,8 +16,11 @@ DEMO=$FLOTILLA_CACHE/demo
 REPLICAS=${FLOTILLA_REPLICAS:-3}
 export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
 
+PROM_PORT=${FLOTILLA_DEMO_PROMETHEUS_PORT:-9490}
+EXPORTER_PORT=${FLOTILLA_DEMO_EXPORTER_PORT:-9470}
+
 stop_operators() {
-  for pidfile in "$DEMO"/operator-*.pid; do
+  for pidfile in "$DEMO"/operator-*.pid "$DEMO"/prometheus.pid "$DEMO"/exporter.pid; do
     [ -f "$pidfile" ] || continue
     kill "$(cat "$pidfile")" 2>/dev/null || true
     rm -f "$pidfile"
@@ -48,9 +53,51 @@ kubectl apply -k rbac >/dev/null
 bash "$here/operator-kubeconfig.sh" "$CLUSTER" "$DEMO/operator.kubeconfig"
 
 stop_operators
+
+echo ">> demo traffic exporter on 127.0.0.1:$EXPORTER_PORT and Prometheus on 127.0.0.1:$PROM_PORT"
+traffic() { # traffic VERSION ERROR_RATIO: what checkout at VERSION serves from now on
+  python3 - "$DEMO/traffic.json" "$1" "$2" <<'PY'
+import json, sys
+path, version, errors = sys.argv[1], sys.argv[2], float(sys.argv[3])
+try:
+    profiles = json.load(open(path))
+except (OSError, ValueError):
+    profiles = {}
+profiles[f"demo/checkout/{version}"] = {"error_ratio": errors, "latency_seconds": 0.08}
+json.dump(profiles, open(path + ".tmp", "w"))
+PY
+  mv "$DEMO/traffic.json.tmp" "$DEMO/traffic.json"
+}
+rm -f "$DEMO/traffic.json"
+traffic 1.4.1 0.002
+traffic 1.4.2 0.004   # the good release
+traffic 1.5.0 0.30    # the bad release: 30% of its answers are errors
+nohup python3 "$here/demo-exporter.py" --port "$EXPORTER_PORT" --traffic "$DEMO/traffic.json" \
+  >"$DEMO/exporter.log" 2>&1 &
+echo $! >"$DEMO/exporter.pid"
+targets=""
+for i in $(seq 0 $((REPLICAS - 1))); do targets="$targets'127.0.0.1:$((9460 + i))', "; done
+cat >"$DEMO/prometheus.yml" <<PROM
+global: {scrape_interval: 2s, evaluation_interval: 2s}
+rule_files: [$root/deploy/prometheus/alerts.yaml]
+scrape_configs:
+  - job_name: demo-apps
+    static_configs: [{targets: ['127.0.0.1:$EXPORTER_PORT']}]
+  - job_name: flotilla
+    static_configs: [{targets: [${targets%, }]}]
+PROM
+nohup prometheus --config.file="$DEMO/prometheus.yml" --storage.tsdb.path="$DEMO/prometheus-data" \
+  --web.listen-address="127.0.0.1:$PROM_PORT" >"$DEMO/prometheus.log" 2>&1 &
+echo $! >"$DEMO/prometheus.pid"
+for _ in $(seq 1 60); do
+  curl -fs "127.0.0.1:$PROM_PORT/-/ready" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+curl -fs "127.0.0.1:$PROM_PORT/-/ready" >/dev/null || { echo "error: Prometheus did not start; see $DEMO/prometheus.log" >&2; exit 1; }
+
 for i in $(seq 0 $((REPLICAS - 1))); do
   nohup "$BIN" run --kubeconfig "$DEMO/operator.kubeconfig" --admin-addr "127.0.0.1:$((9460 + i))" \
-    --replica-id "flotilla-$i" >"$DEMO/operator-$i.log" 2>&1 &
+    --replica-id "flotilla-$i" --prometheus-url "http://127.0.0.1:$PROM_PORT" >"$DEMO/operator-$i.log" 2>&1 &
   echo $! >"$DEMO/operator-$i.pid"
 done
 for i in $(seq 0 $((REPLICAS - 1))); do
@@ -61,27 +108,56 @@ for i in $(seq 0 $((REPLICAS - 1))); do
   echo ">> operator replica flotilla-$i ready: metrics on http://127.0.0.1:$((9460 + i))/metrics, log $DEMO/operator-$i.log"
 done
 
-echo ">> sample Tenant (onboards namespace demo) and Apps"
+echo ">> two tenants: shop (namespace demo) and blog (namespace blog)"
 kubectl apply -f deploy/samples/tenant.yaml
-kubectl wait --for=condition=Ready tenant/shop --timeout=120s >/dev/null
+kubectl wait --for=condition=Ready tenant/shop tenant/blog --timeout=120s >/dev/null
 kubectl get tenants
+echo ">> their Apps"
 kubectl apply -f deploy/samples/app.yaml
-kubectl -n demo wait --for=jsonpath='{.status.phase}'=Healthy app/checkout --timeout=120s >/dev/null
-kubectl -n demo get apps
-echo ">> rolling checkout out to 1.4.2"
+for app in demo/checkout demo/search blog/web; do
+  kubectl -n "${app%/*}" wait --for=jsonpath='{.status.phase}'=Healthy "app/${app#*/}" --timeout=120s >/dev/null
+done
+kubectl get apps -A
+
+# Prints a line each time the rollout of checkout changes, until it ends in phase $1.
+follow() {
+  local want=$1 last="" line
+  for _ in $(seq 1 600); do
+    line=$(kubectl -n demo get app checkout -o jsonpath='{.status.phase} {.status.currentVersion}->{.status.targetVersion} step={.status.canary.step} weight={.status.canary.weight}% canary={.status.canary.replicas} stable={.status.canary.stableReplicas} analysis={.status.analysis.lastResult} | {.status.conditions[?(@.type=="Progressing")].message}')
+    if [ "$line" != "$last" ]; then
+      echo "   $(date +%T) $line"
+      last=$line
+    fi
+    case "$line" in "$want "*) return 0 ;; esac
+    sleep 1
+  done
+  echo "error: checkout did not reach $want; see $DEMO/operator-*.log" >&2
+  return 1
+}
+
+echo
+echo ">> a good release: checkout 1.4.1 -> 1.4.2 by canary (25%, then 50%), gated by error rate and p99 latency"
 kubectl -n demo patch app checkout --type=merge -p '{"spec":{"version":"1.4.2"}}' >/dev/null
-kubectl -n demo wait --for=jsonpath='{.status.currentVersion}'=1.4.2 app/checkout --timeout=120s >/dev/null
-kubectl -n demo get apps,deployments
+follow Healthy
+echo
+echo ">> a bad release: checkout 1.4.2 -> 1.5.0, whose canary answers 30% errors"
+kubectl -n demo patch app checkout --type=merge -p '{"spec":{"version":"1.5.0"}}' >/dev/null
+follow RolledBack
+echo
+"$BIN" status checkout -n demo --kubeconfig "$KUBECONFIG"
 echo
 echo ">> shards (flotilla shards)"
 "$BIN" shards --kubeconfig "$KUBECONFIG" | awk 'NR==1 || /shards per holder/ || $5 > 0'
 echo
-echo ">> ready in $(( $(date +%s) - t0 ))s. Try:"
+echo ">> ready in $(( $(date +%s) - t0 ))s. Where to look:"
 echo "   export KUBECONFIG=$KUBECONFIG"
-echo "   kubectl -n demo get apps -w"
-echo "   kubectl -n demo patch app checkout --type=merge -p '{\"spec\":{\"version\":\"1.5.0\"}}'"
-echo "   kubectl -n demo scale deployment checkout --replicas=7   # drift: put back within seconds"
-echo "   kubectl -n demo get events --field-selector involvedObject.name=checkout"
-echo "   $BIN shards --kubeconfig \$KUBECONFIG                 # who holds which shard"
+echo "   kubectl get apps -A -w                                       # phase, weight, versions"
+echo "   $BIN status checkout -n demo --watch    # steps, replicas, measurements"
+echo "   $BIN shards                             # who holds which shard"
+echo "   Prometheus: http://127.0.0.1:$PROM_PORT   (try: flotilla_rollouts_total, http_requests_total)"
+echo "   kubectl -n demo get events --field-selector regarding.name=checkout"
+echo "Try:"
+echo "   kubectl -n demo patch app checkout --type=merge -p '{\"spec\":{\"version\":\"1.4.3\"}}'   # unknown to the exporter: no data, the rollout pauses"
+echo "   $BIN promote checkout -n demo --full    # or: abort, retry, pause, resume"
 echo "   kill -9 \$(cat $DEMO/operator-0.pid)   # its shards move to the other replicas within seconds"
 echo "   bash hack/demo.sh down"

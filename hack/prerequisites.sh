@@ -5,7 +5,7 @@
 set -euo pipefail
 
 missing=()
-for tool in flock curl git prometheus promtool; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+for tool in flock curl git python3 prometheus promtool; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 if [ ${#missing[@]} -gt 0 ]; then
   pkgs=()
   for t in "${missing[@]}"; do

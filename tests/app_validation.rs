@@ -74,6 +74,71 @@ async fn invalid_apps_are_refused_with_the_field_named() {
             with(json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "targetCPUUtilizationPercentage": 150}})),
             "spec.autoscaling.targetCPUUtilizationPercentage",
         ),
+        ("canary without steps", "nosteps", with(json!({"strategy": {"type": "Canary"}})), "spec.strategy.canary"),
+        (
+            "canary weight over 100",
+            "weight",
+            with(json!({"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 150}]}}})),
+            "spec.strategy.canary.steps[0].weight",
+        ),
+        (
+            "canary pause not a duration",
+            "pause",
+            with(json!({"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10, "pause": "soon"}]}}})),
+            "spec.strategy.canary.steps[].pause",
+        ),
+        (
+            "canary steps with a rolling strategy",
+            "mixed",
+            with(json!({"strategy": {"type": "Rolling", "canary": {"steps": [{"weight": 10}]}}})),
+            "spec.strategy.canary",
+        ),
+        (
+            "metric without bounds",
+            "nobounds",
+            with(json!({"analysis": {"metrics": [{"name": "errors", "query": "up"}]}})),
+            "spec.analysis.metrics[]: set max, min or both",
+        ),
+        (
+            "metric min above max",
+            "minmax2",
+            with(json!({"analysis": {"metrics": [{"name": "errors", "query": "up", "min": 2, "max": 1}]}})),
+            "spec.analysis.metrics[].min",
+        ),
+        (
+            "duplicate metric names",
+            "dup",
+            with(
+                json!({"analysis": {"metrics": [{"name": "e", "query": "up", "max": 1}, {"name": "e", "query": "up", "max": 1}]}}),
+            ),
+            "spec.analysis.metrics[].name must be unique",
+        ),
+        (
+            "analysis interval not a duration",
+            "interval",
+            with(json!({"analysis": {"interval": "often", "metrics": [{"name": "e", "query": "up", "max": 1}]}})),
+            "spec.analysis.interval",
+        ),
+        (
+            "Prometheus address not a URL",
+            "promurl",
+            with(
+                json!({"analysis": {"prometheusUrl": "prometheus:9090", "metrics": [{"name": "e", "query": "up", "max": 1}]}}),
+            ),
+            "spec.analysis.prometheusUrl",
+        ),
+        (
+            "failure limit zero",
+            "limit",
+            with(json!({"analysis": {"failureLimit": 0, "metrics": [{"name": "e", "query": "up", "max": 1}]}})),
+            "spec.analysis.failureLimit",
+        ),
+        (
+            "progress deadline too short",
+            "deadline",
+            with(json!({"progressDeadlineSeconds": 1})),
+            "spec.progressDeadlineSeconds",
+        ),
         ("name too long for derived objects", &long_name, ok.clone(), "metadata.name"),
         ("name not a DNS-1035 label", "1app", ok.clone(), "metadata.name"),
     ];
@@ -99,4 +164,25 @@ async fn invalid_apps_are_refused_with_the_field_named() {
 
     // And a valid one is accepted.
     apps.create(&PostParams::default(), &app("fine", ok)).await.expect("a valid App is accepted");
+}
+
+/// The sample Apps in deploy/samples are valid (created in a test namespace, dry run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_apps_are_valid() {
+    let client = admin_client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "e2e-samples").await;
+    let ar = ApiResource::erase::<flotilla::api::App>(&());
+    let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns.name, &ar);
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/samples/app.yaml")).expect("samples");
+    let mut count = 0;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let mut obj: DynamicObject = serde::Deserialize::deserialize(doc).expect("sample App YAML");
+        obj.metadata.namespace = Some(ns.name.clone());
+        let dry = PostParams { dry_run: true, ..PostParams::default() };
+        apps.create(&dry, &obj).await.unwrap_or_else(|e| panic!("sample {:?} refused: {e}", obj.metadata.name));
+        count += 1;
+    }
+    assert!(count >= 3, "samples found: {count}");
 }

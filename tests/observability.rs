@@ -1,13 +1,18 @@
-//! End to end: a real Prometheus (Debian's `prometheus` package) scrapes a running replica;
+//! End to end: a real Prometheus (Debian's `prometheus` package) scrapes a running replica
+//! (with an App mid-canary, measured against an exporter);
 //! every query of every dashboard panel returns data, every alerting rule loads and evaluates,
 //! and promtool checks and unit-tests the rules.
 
 mod support;
 
+use flotilla::api::App;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::Value;
+use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
-use support::prometheus::{Prometheus, tool};
+use support::prometheus::{Exporter, Prometheus, Traffic, tool};
+use support::rollout::ERROR_RATE;
 use support::{Operator, admin_client, http_get, install_crds, onboarded_healthy_app, operator_kubeconfig, wait_for};
 
 fn repo() -> PathBuf {
@@ -60,9 +65,38 @@ async fn prometheus_scrapes_the_operator_and_every_query_returns_data() {
     let ns = format!("obs-{:05x}", std::process::id() & 0xfffff);
     onboarded_healthy_app(&client, &ns, "web").await;
 
-    let prometheus =
-        Prometheus::start(&[("flotilla", op.admin.clone())], &[repo().join("deploy/prometheus/alerts.yaml")]).await;
+    // And a canary held at its first step, measured against the exporter: the rollout panels
+    // (weight, values against thresholds, Apps not Healthy) have data.
+    let exporter = Exporter::start().await;
+    exporter.set(&ns, "shop", "2", Traffic { error_ratio: 0.01, ..Traffic::default() });
+    let prometheus = Prometheus::start(
+        &[("flotilla", op.admin.clone()), ("exporter", exporter.addr())],
+        &[repo().join("deploy/prometheus/alerts.yaml")],
+    )
+    .await;
     let prom = prometheus.addr();
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns);
+    let canary: App = serde_json::from_value(json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "metadata": {"name": "shop", "namespace": ns},
+        "spec": {"image": "registry.example.com/tests/shop", "version": "1", "replicas": 2,
+                 "strategy": {"type": "Canary", "canary": {"steps": [{"weight": 50, "pause": "1h"}]}},
+                 "analysis": {"interval": "2s", "prometheusUrl": prometheus.url(),
+                              "metrics": [{"name": "error-rate", "query": ERROR_RATE, "max": 0.05}]}},
+    }))
+    .expect("App");
+    apps.create(&PostParams::default(), &canary).await.expect("creating App");
+    wait_for(Duration::from_secs(60), "App shop at version 1", || async {
+        (apps.get("shop").await.ok()?.status?.current_version.as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    apps.patch("shop", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "2"}})))
+        .await
+        .expect("new version");
+    wait_for(Duration::from_secs(60), "canary of shop measured", || async {
+        let s = apps.get("shop").await.ok()?.status?;
+        s.analysis?.measurements.first()?.value.map(|_| ())
+    })
+    .await;
     wait_for(Duration::from_secs(30), "the operator scraped at least 3 times", || async {
         let v = prometheus.query("count_over_time(up{job=\"flotilla\"}[1m])").await;
         let n: f64 = v["data"]["result"][0]["value"][1].as_str()?.parse().ok()?;
@@ -88,7 +122,7 @@ async fn prometheus_scrapes_the_operator_and_every_query_returns_data() {
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(loaded.len(), 4, "every alerting rule is loaded: {rules}");
+    assert_eq!(loaded.len(), 6, "every alerting rule is loaded: {rules}");
     wait_for(Duration::from_secs(10), "every rule evaluated without error", || async {
         let (_, body) = http_get(&prom, "/api/v1/rules").await?;
         let v: Value = serde_json::from_str(&body).ok()?;

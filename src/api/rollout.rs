@@ -79,7 +79,7 @@ pub struct CanaryStep {
 /// Prometheus checks that gate a rollout, whatever its strategy.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.metrics.all(m, self.metrics.exists_one(n, n.name == m.name))").message("spec.analysis.metrics[].name must be unique").reason(kube::core::Reason::FieldValueDuplicate).field_path(".metrics"))]
+#[x_kube(validation = Rule::new("self.metrics.all(m, self.metrics.exists_one(n, n.name == m.name))").message("spec.analysis.metrics[].name must be unique").reason(kube::core::Reason::FieldValueInvalid).field_path(".metrics"))]
 pub struct Analysis {
     /// Time between two measurements, for example `30s` (default 30s).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -125,6 +125,11 @@ pub fn app_controller(
     let app_resource = ApiResource::erase::<App>(&());
     let (apps, apps_synced, app_events) =
         cache::<DynamicObject>(apps_api(&client, &scope), watcher::Config::default(), app_resource.clone());
+    let namespace = match &scope {
+        Scope::All => String::new(),
+        Scope::Namespace(ns) => ns.clone(),
+    };
+    let registration = shared.metrics.app_index().register(&namespace, apps.clone());
     let (ctx, streams) = context(client, &scope, shared, served_by);
     let controller = Controller::for_stream_with(app_events, apps, app_resource)
         .owns_stream(streams.deployments)
@@ -132,6 +137,8 @@ pub fn app_controller(
         .owns_stream(streams.services)
         .graceful_shutdown_on(shutdown);
     async move {
+        // Dropped with this future: the namespace's Apps leave the per-App series.
+        let _registration = registration;
         let readiness_ctx = ctx.clone();
         tokio::spawn(async move {
             let mut apps_synced = apps_synced;

@@ -9,8 +9,8 @@ use crate::api::App;
 use crate::app::names;
 
 /// Replicas the App runs in all: `spec.replicas`, or with autoscaling the autoscaler's
-/// current choice (its desired count, else what it set on the stable Deployment), within
-/// its bounds.
+/// current choice (what it set on the stable Deployment, else its desired count), within its
+/// bounds.
 pub fn total_replicas(app: &App, stable: Option<&Deployment>, hpa: Option<&HorizontalPodAutoscaler>) -> i32 {
     match &app.spec.autoscaling {
         None => app.spec.replicas.unwrap_or(1).max(0),

@@ -5,6 +5,8 @@ use prometheus::{
 };
 use std::time::Duration;
 
+use super::apps::{AppCollector, AppIndex};
+
 /// Every metric the operator exports. Names follow Prometheus conventions: units in the
 /// name, `_total` for counters.
 #[derive(Clone)]
@@ -23,6 +25,7 @@ pub struct Metrics {
     measurements: IntCounterVec,
     rollouts: IntCounterVec,
     rollbacks: IntCounterVec,
+    apps: AppIndex,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +102,8 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let apps = AppIndex::default();
+        registry.register(Box::new(AppCollector::new(apps.clone())?))?;
         registry.register(Box::new(measurements.clone()))?;
         registry.register(Box::new(rollouts.clone()))?;
         registry.register(Box::new(rollbacks.clone()))?;
@@ -151,6 +156,7 @@ impl Metrics {
             measurements,
             rollouts,
             rollbacks,
+            apps,
         })
     }
 
@@ -161,6 +167,11 @@ impl Metrics {
         if let Some(kind) = error_kind {
             self.errors.with_label_values(&[controller, kind]).inc();
         }
+    }
+
+    /// Where App controllers register their caches for the per-App series.
+    pub fn app_index(&self) -> &AppIndex {
+        &self.apps
     }
 
     pub fn measured(&self, result: &str) {

@@ -1,5 +1,6 @@
 //! Logs, traces and Prometheus metrics of the operator.
 
+pub mod apps;
 pub mod logging;
 pub mod metrics;
 
