@@ -13,9 +13,12 @@ step() { echo; echo "== $* ($(( $(date +%s) - t0 ))s)"; }
 step "prerequisites"
 bash "$here/prerequisites.sh"
 
-step "local control plane and trace backend (built once, cached in $FLOTILLA_CACHE)"
+step "local control plane, trace backend and Helm (built once, cached in $FLOTILLA_CACHE)"
+bash "$here/build-jaeger.sh" & jaeger=$!
+bash "$here/build-helm.sh" & helm=$!
 bash "$here/build-control-plane.sh"
-bash "$here/build-jaeger.sh"
+wait "$jaeger"
+wait "$helm"
 bash "$here/cluster.sh" up flotilla-test
 export FLOTILLA_TEST_KUBECONFIG
 FLOTILLA_TEST_KUBECONFIG=$(bash "$here/cluster.sh" kubeconfig flotilla-test)

@@ -72,6 +72,9 @@ fn control(target: AppTarget, request: Request) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // The HTTP clients (Prometheus queries, OTLP export) use rustls without a bundled crypto
+    // provider: ring, like the kube client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.command {
         Command::Promote(args) => {

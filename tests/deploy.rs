@@ -1,6 +1,7 @@
 //! The install manifests are valid against a real apiserver: the kustomize base (CRDs,
 //! namespace, ServiceAccount, rbac/, 3 replicas with anti-affinity, PodDisruptionBudget,
-//! metrics Service) passes a server-side dry run.
+//! metrics Service) passes a server-side dry run, and the Helm chart in deploy/helm renders
+//! the same objects with its default values and passes a dry run with its values set.
 
 mod support;
 
@@ -26,4 +27,98 @@ fn kustomize_base_passes_a_server_side_dry_run() {
     ] {
         assert!(out.contains(object), "{object} is part of the base:\n{out}");
     }
+}
+
+fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Helm built by hack/build-helm.sh (hack/test.sh runs it).
+fn helm() -> std::path::PathBuf {
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(". {}/hack/versions.sh && echo $HELM_BIN/helm", repo().display()))
+        .output()
+        .expect("locating helm");
+    let path = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    assert!(path.exists(), "{} not found: build it with `bash hack/build-helm.sh` (hack/test.sh does)", path.display());
+    path
+}
+
+fn helm_template(args: &[&str]) -> String {
+    let out = std::process::Command::new(helm())
+        .args(["template", "flotilla"])
+        .arg(repo().join("deploy/helm/flotilla"))
+        .args(["--namespace", "flotilla-system", "--include-crds"])
+        .args(args)
+        .output()
+        .expect("running helm");
+    assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Objects of a YAML stream by (kind, namespace, name).
+fn objects(yaml: &str) -> std::collections::BTreeMap<(String, String, String), serde_json::Value> {
+    let mut out = std::collections::BTreeMap::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let v: serde_json::Value = serde::Deserialize::deserialize(doc).expect("YAML document");
+        if v.is_null() {
+            continue;
+        }
+        let s = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap_or_default().to_string();
+        out.insert((s("/kind"), s("/metadata/namespace"), s("/metadata/name")), v);
+    }
+    out
+}
+
+#[test]
+fn the_helm_chart_with_default_values_renders_the_kustomize_base() {
+    let base = kubectl_try(&["kustomize", concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base")]);
+    assert!(base.0, "kubectl kustomize deploy/base failed: {}", base.1);
+    let kustomize = objects(&base.1);
+    let chart = objects(&helm_template(&[]));
+    let keys = |m: &std::collections::BTreeMap<(String, String, String), serde_json::Value>| {
+        m.keys().cloned().collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&chart), keys(&kustomize), "the same objects");
+    for (key, object) in &kustomize {
+        assert_eq!(chart.get(key), Some(object), "{key:?} differs between the chart and the kustomize base");
+    }
+}
+
+#[test]
+fn the_helm_chart_values_reach_the_deployment_and_pass_a_server_side_dry_run() {
+    install_operator_rbac();
+    let rendered = helm_template(&[
+        "--set",
+        "replicas=5,shards=64,leaseDuration=10s,renewDeadline=7s",
+        "--set",
+        "prometheusUrl=http://prometheus.monitoring:9090,otlpEndpoint=http://collector:4318",
+    ]);
+    let deployment = objects(&rendered)
+        .remove(&("Deployment".to_string(), "flotilla-system".to_string(), "flotilla".to_string()))
+        .expect("Deployment");
+    assert_eq!(deployment.pointer("/spec/replicas"), Some(&serde_json::json!(5)));
+    let env = deployment.pointer("/spec/template/spec/containers/0/env").expect("env").to_string();
+    for want in [
+        r#"{"name":"FLOTILLA_SHARDS","value":"64"}"#,
+        r#"{"name":"FLOTILLA_LEASE_DURATION","value":"10s"}"#,
+        r#"{"name":"FLOTILLA_RENEW_DEADLINE","value":"7s"}"#,
+        r#"{"name":"FLOTILLA_PROMETHEUS_URL","value":"http://prometheus.monitoring:9090"}"#,
+        r#"{"name":"OTEL_EXPORTER_OTLP_ENDPOINT","value":"http://collector:4318"}"#,
+    ] {
+        assert!(env.contains(want), "{want} in {env}");
+    }
+    let file = std::env::temp_dir().join(format!("flotilla-helm-{}.yaml", std::process::id()));
+    std::fs::write(&file, &rendered).expect("writing the rendered chart");
+    let (ok, out) = kubectl_try(&[
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--force-conflicts",
+        "-f",
+        file.to_str().expect("path"),
+    ]);
+    let _ = std::fs::remove_file(&file);
+    assert!(ok, "the rendered chart fails a server-side dry run:\n{out}");
 }

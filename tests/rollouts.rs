@@ -297,8 +297,11 @@ async fn a_canary_follows_the_autoscaler_replicas() {
         (d.spec?.replicas == Some(3)).then_some(())
     })
     .await;
-    let s = rig.app("web").await.status.expect("status");
-    assert_eq!(s.canary.map(|c| (c.replicas, c.stable_replicas)), Some((3, 6)));
+    rig.wait_until("status shows a canary of 3 beside 6", |a| {
+        let c = a.status.as_ref()?.canary.as_ref()?;
+        ((c.replicas, c.stable_replicas) == (3, 6)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -137,6 +137,12 @@ pub struct CanaryStatus {
     pub stable_replicas: i32,
     /// When this step began.
     pub step_started_at: Time,
+    /// Since when every canary replica of this step is available (the step's pause counts from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_since: Option<Time>,
+    /// Since when the canary is not fully available (the progress deadline counts from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_since: Option<Time>,
 }
 
 /// Progress of the rollout of `targetVersion`, whatever its strategy.
@@ -145,6 +151,10 @@ pub struct CanaryStatus {
 pub struct RolloutProgress {
     /// When this rollout began.
     pub started_at: Time,
+    /// Where the progress deadline of a rolling update counts from: the start, or the end of
+    /// the last pause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_since: Option<Time>,
     /// A user promoted the new version: remaining steps and checks are skipped.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub promoted_by_user: bool,

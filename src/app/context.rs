@@ -9,6 +9,9 @@ use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::api::AppStatus;
 use tokio::sync::watch;
 
 use crate::rollout::Analyzer;
@@ -44,7 +47,12 @@ pub struct Context {
     /// The tenant whose namespace this controller serves (for spans and logs).
     pub tenant: Option<String>,
     failures: Mutex<HashMap<(String, String), u32>>,
+    /// The status this replica last wrote per App, until the cache shows it.
+    written: Mutex<HashMap<(String, String), (AppStatus, Instant)>>,
 }
+
+/// How long a written status may take to show in the cache before the cache is trusted anyway.
+const WRITE_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
 
 impl Context {
     pub fn new(
@@ -69,6 +77,7 @@ impl Context {
             fence: None,
             tenant: None,
             failures: Mutex::default(),
+            written: Mutex::default(),
         }
     }
 
@@ -100,6 +109,25 @@ impl Context {
         let n = failures.entry(Self::key(obj)).or_insert(0);
         *n = n.saturating_add(1);
         *n
+    }
+
+    /// Remembers the status just written for an App.
+    pub fn remember_written(&self, namespace: &str, name: &str, status: AppStatus) {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.insert((namespace.to_string(), name.to_string()), (status, Instant::now()));
+    }
+
+    /// Whether the cached App predates the status this replica last wrote for it: planning
+    /// from it would undo that write (for example re-create a canary just rolled back).
+    pub fn cache_behind(&self, namespace: &str, name: &str, cached: Option<&AppStatus>) -> bool {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (namespace.to_string(), name.to_string());
+        let Some((status, at)) = written.get(&key) else { return false };
+        if cached == Some(status) || at.elapsed() > WRITE_VISIBLE_WITHIN {
+            written.remove(&key);
+            return false;
+        }
+        true
     }
 
     pub fn reset_failures(&self, obj: &DynamicObject) {

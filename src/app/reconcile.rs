@@ -29,6 +29,9 @@ use crate::rollout::planner::{self, Input, Observed};
 /// How often an App that is still converging is looked at even without a watch event.
 const PROGRESS_RECHECK: Duration = Duration::from_secs(30);
 
+/// How soon an App is looked at again when the cache does not show its last status write yet.
+const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
+
 /// How long a reconcile waits for the namespace's caches before it reports and backs off.
 const CACHE_SYNC_LIMIT: Duration = Duration::from_secs(30);
 
@@ -100,6 +103,9 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         return Err(ReconcileError::CachesNotSynced { namespace, after: CACHE_SYNC_LIMIT });
     }
     let fenced = || ReconcileError::Fenced { namespace: namespace.clone() };
+    if ctx.cache_behind(&namespace, &name, app.status.as_ref()) {
+        return Ok(Action::requeue(CACHE_CATCH_UP));
+    }
     let app_ref = app.object_ref(&());
     let spec_changed = app.status.as_ref().and_then(|s| s.observed_generation) != app.metadata.generation;
 
@@ -121,6 +127,10 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         measurements = ctx.analyzer.measure(&app, &stable_version, &ctx.metrics).await;
         plan = planner::plan(&Input { measurements: Some(&measurements), ..input }).map_err(invalid)?;
     }
+
+    // A change the rollout makes to a Deployment is planned, not drift put back.
+    let previous = app.status.clone().unwrap_or_default();
+    let planned = spec_changed || rollout_moved(&previous, &plan.status);
 
     // Apply: only what differs, stable first so that capacity comes before the canary goes.
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -155,7 +165,7 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         };
         match result {
             Ok(Some((diffs, existed))) => {
-                ctx.report_change(&app_ref, "Deployment", &object_name, existed, spec_changed, &diffs).await;
+                ctx.report_change(&app_ref, "Deployment", &object_name, existed, planned, &diffs).await;
             }
             Ok(None) => info!(namespace, deployment = object_name, "deleted the canary Deployment"),
             Err(e) => failure = Some(e),
@@ -173,7 +183,6 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     }
 
     // Status and Events.
-    let previous = app.status.clone().unwrap_or_default();
     let status = match &failure {
         Some(e) => {
             degraded(&plan.status, &previous, &Blocker { reason: e.reason().to_string(), message: e.to_string() }, now)
@@ -185,7 +194,11 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
             return Err(fenced());
         }
         write_status(&ctx.client, &namespace, &name, &status).await?;
-        if previous.phase != status.phase && status.phase == Some(AppPhase::Healthy) && plan.notes.is_empty() {
+        ctx.remember_written(&namespace, &name, status.clone());
+        if previous.current_version != status.current_version
+            && status.phase == Some(AppPhase::Healthy)
+            && plan.notes.is_empty()
+        {
             let note = format!(
                 "version {} is available with {} replicas",
                 app.spec.version,
@@ -220,6 +233,16 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         (_, Some(after)) => Action::requeue(after.min(PROGRESS_RECHECK)),
         _ => Action::requeue(PROGRESS_RECHECK),
     })
+}
+
+/// Whether the plan moved the rollout (step, versions, rollback), so that the Deployment
+/// changes it brings are reported as planned rather than as drift.
+fn rollout_moved(before: &crate::api::AppStatus, after: &crate::api::AppStatus) -> bool {
+    before.target_version != after.target_version
+        || before.current_version != after.current_version
+        || before.rollout != after.rollout
+        || before.canary != after.canary
+        || before.failed_version != after.failed_version
 }
 
 fn owned_by_app<K: Resource>(object: &K, id: &AppIdentity) -> bool {

@@ -300,7 +300,11 @@ impl Planner<'_> {
             }
             return self.steady(&target);
         }
-        let retry = verb == Some(Verb::Retry);
+        let retry = verb == Some(Verb::Retry)
+            && previous.failed_version.as_ref().is_some_and(|f| f.version == target && previous.rollout.is_none());
+        if verb == Some(Verb::Retry) && !retry {
+            self.note(false, "NothingToDo", format!("version {target} was not rolled back: nothing to retry"));
+        }
         if let Some(failed) = previous.failed_version.clone()
             && failed.version == target
             && failed.generation == generation
@@ -325,7 +329,11 @@ impl Planner<'_> {
             }
             self.status.target_version = Some(target.clone());
             self.status.failed_version = None;
-            self.status.rollout = Some(RolloutProgress { started_at: Time(self.now), promoted_by_user: false });
+            self.status.rollout = Some(RolloutProgress {
+                started_at: Time(self.now),
+                progress_since: None,
+                promoted_by_user: false,
+            });
             self.status.analysis = self.settings.analysis.then(AnalysisStatus::default);
             self.status.canary = None;
             let how = if self.settings.canary { "canary" } else { "rolling" };
@@ -548,21 +556,34 @@ impl Planner<'_> {
     fn rolling(&mut self, stable_version: &str) -> (Deployment, Option<Deployment>, Outcome) {
         let user_paused = paused_by_user(self.app);
         let promoted = self.promoted_by_user();
-        let stop = if user_paused || promoted { None } else { self.analyse(true) };
         let r = readiness(self.input.observed.stable, &self.image, self.total);
+        // Measure once pods of the new version serve: before that there is nothing to measure.
+        let stop = if user_paused || promoted || r.available == 0 { self.held_analysis() } else { self.analyse(true) };
         let target = self.target.clone();
-        let started = self.started_at();
-        let waited = elapsed(&started, self.now);
+        // A Deployment paused in the same write that changes its image never starts the new
+        // version: pause only once the new template is in.
+        let rolled_in = self.input.observed.stable.and_then(image_of) == Some(self.image.as_str());
+        let held = stop.is_some() || user_paused;
+        let was_paused = self.app.status.as_ref().and_then(|s| s.phase) == Some(AppPhase::Paused);
+        let now = self.now;
+        if let Some(progress) = self.status.rollout.as_mut()
+            && was_paused
+            && !held
+        {
+            // The deadline does not count the time the rollout was held.
+            progress.progress_since = Some(Time(now));
+        }
+        let since = self.status.rollout.as_ref().and_then(|r| r.progress_since.clone()).unwrap_or(self.started_at());
+        let waited = elapsed(&since, self.now);
         if let Some(AnalysisStop::Failed(why)) = &stop {
             let message = format!("analysis failed: {why}");
             if self.settings.auto_rollback {
                 return self.fail(stable_version, "AnalysisFailed", message);
             }
-            let stable = self.stable_from_spec(&target, fixed_replicas(self.app), true);
+            let stable = self.stable_from_spec(&target, fixed_replicas(self.app), rolled_in);
             let outcome = self.hold("AnalysisFailed", message);
             return (stable, None, outcome);
         }
-        let held = stop.is_some() || user_paused;
         if !r.complete && !held && waited > self.settings.deadline {
             let message = format!(
                 "version {target} did not become available within {}: {}/{} replicas ready",
@@ -573,18 +594,18 @@ impl Planner<'_> {
             if self.settings.auto_rollback {
                 return self.fail(stable_version, "ProgressDeadlineExceeded", message);
             }
-            let stable = self.stable_from_spec(&target, fixed_replicas(self.app), true);
+            let stable = self.stable_from_spec(&target, fixed_replicas(self.app), rolled_in);
             let outcome = self.hold("ProgressDeadlineExceeded", message);
             return (stable, None, outcome);
         }
-        let stable = self.stable_from_spec(&target, fixed_replicas(self.app), held);
-        let just_passed = self.input.measurements.is_some() && self.passed_since(&started);
-        if r.complete && (!self.settings.analysis || promoted || just_passed) {
+        let stable = self.stable_from_spec(&target, fixed_replicas(self.app), held && rolled_in);
+        let just_passed = self.input.measurements.is_some() && self.passed_since(&self.started_at());
+        if r.complete && !user_paused && (!self.settings.analysis || promoted || just_passed) {
             let outcome = self.promoted();
             return (stable, None, outcome);
         }
-        if !r.complete {
-            self.look_again_in(self.settings.deadline.saturating_sub(waited));
+        if !r.complete && !held && waited < self.settings.deadline {
+            self.look_again_in(self.settings.deadline - waited);
         }
         let outcome = match stop {
             Some(s) => s.outcome(&target),
@@ -614,7 +635,13 @@ impl Planner<'_> {
             replicas: 0,
             stable_replicas: self.total,
             step_started_at: Time(self.now),
+            available_since: None,
+            unavailable_since: None,
         });
+        if c.step >= steps && c.step < c.steps {
+            // Steps were removed from the spec mid-rollout: stay at the (new) last step, gated.
+            c.step = steps - 1;
+        }
         c.steps = steps;
         if self.promoted_by_user() && c.step < steps {
             c.step = steps;
@@ -634,7 +661,20 @@ impl Planner<'_> {
         let weight = self.settings.weights[index];
         let wanted = canary_replicas(weight, self.total);
         let cr = readiness(self.input.observed.canary, &self.image, wanted);
-        let waited = elapsed(&c.step_started_at, self.now);
+        let was_paused = self.app.status.as_ref().and_then(|s| s.phase) == Some(AppPhase::Paused);
+        if cr.complete {
+            c.available_since.get_or_insert(Time(self.now));
+            c.unavailable_since = None;
+        } else {
+            c.available_since = None;
+            let since = c.unavailable_since.get_or_insert(Time(self.now));
+            if was_paused && !user_paused {
+                // The deadline does not count the time a person held the rollout.
+                *since = Time(self.now);
+            }
+        }
+        let available_for = c.available_since.as_ref().map_or(Duration::ZERO, |t| elapsed(t, self.now));
+        let waited = c.unavailable_since.as_ref().map_or(Duration::ZERO, |t| elapsed(t, self.now));
         let canary_name = names::canary_deployment_name(&self.input.id.name);
 
         let stop = if user_paused || !cr.complete { self.held_analysis() } else { self.analyse(true) };
@@ -662,9 +702,11 @@ impl Planner<'_> {
 
         let pause = self.settings.pauses[index];
         let analysed = self.passed_since(&c.step_started_at);
-        if cr.complete && stop.is_none() && !user_paused && waited >= pause && analysed {
+        if cr.complete && stop.is_none() && !user_paused && available_for >= pause && analysed {
             c.step += 1;
             c.step_started_at = Time(self.now);
+            c.available_since = None;
+            c.unavailable_since = Some(Time(self.now));
             if c.step >= steps {
                 self.note(
                     false,
@@ -684,11 +726,11 @@ impl Planner<'_> {
             let outcome = self.step_outcome(&c, next, wanted, cr);
             return self.canary_objects(stable_version, c, wanted, cr, outcome);
         }
-        if cr.complete && waited < pause {
-            self.look_again_in(pause - waited);
+        if cr.complete && available_for < pause && !user_paused {
+            self.look_again_in(pause - available_for);
         }
-        if !cr.complete {
-            self.look_again_in(self.settings.deadline.saturating_sub(waited));
+        if !cr.complete && !user_paused && waited < self.settings.deadline {
+            self.look_again_in(self.settings.deadline - waited);
         }
         let outcome = match stop {
             Some(s) => s.outcome(&target),
@@ -733,7 +775,15 @@ impl Planner<'_> {
         outcome: Outcome,
     ) -> (Deployment, Option<Deployment>, Outcome) {
         let autoscaled = fixed_replicas(self.app).is_none();
-        let stable_count = stable_replicas(self.total, wanted, cr.available);
+        let mut stable_count = stable_replicas(self.total, wanted, cr.available);
+        if let Some(before) = self.app.status.as_ref().and_then(|s| s.canary.as_ref())
+            && before.step == c.step
+            && self.app.status.as_ref().and_then(|s| s.replicas) == Some(self.total)
+        {
+            // Within a step and at the same total, the stable Deployment only shrinks: a
+            // canary status that lags our own scale-up must not make it grow and shrink again.
+            stable_count = stable_count.min(before.stable_replicas.max(1));
+        }
         let stable = self.stable_kept(stable_version, (!autoscaled).then_some(stable_count));
         let canary =
             deployment(self.app, self.input.id, &self.shape(Track::Canary, &self.target.clone(), Some(wanted), false));
@@ -754,12 +804,14 @@ impl Planner<'_> {
         let target = self.target.clone();
         let stable = self.stable_from_spec(&target, fixed_replicas(self.app), false);
         let r = readiness(self.input.observed.stable, &self.image, self.total);
-        if r.complete {
+        if r.complete && !paused_by_user(self.app) {
             let outcome = self.promoted();
             return (stable, None, outcome);
         }
         let waited = elapsed(&c.step_started_at, self.now);
-        if waited > self.settings.deadline && !paused_by_user(self.app) {
+        let user_paused = paused_by_user(self.app);
+        let mut held = None;
+        if waited > self.settings.deadline && !user_paused {
             let message = format!(
                 "the stable Deployment did not become available on version {target} within {}: {}/{} replicas ready",
                 secs(self.settings.deadline),
@@ -769,21 +821,31 @@ impl Planner<'_> {
             if self.settings.auto_rollback {
                 return self.fail(stable_version, "ProgressDeadlineExceeded", message);
             }
+            held = Some(self.hold("ProgressDeadlineExceeded", message));
+        } else if !user_paused {
+            self.look_again_in(self.settings.deadline - waited.min(self.settings.deadline));
         }
-        self.look_again_in(self.settings.deadline.saturating_sub(waited));
         let keep = c.replicas.max(1);
         let canary = deployment(self.app, self.input.id, &self.shape(Track::Canary, &target, Some(keep), false));
         c.weight = 100;
         c.replicas = keep;
         c.stable_replicas = self.total;
         self.status.canary = Some(c);
-        let outcome = Outcome {
-            phase: AppPhase::Progressing,
-            reason: "Promoting".into(),
-            message: format!(
-                "promoting {target}: the stable Deployment rolls to it, {}/{} replicas ready",
-                r.ready, r.want
-            ),
+        let outcome = match held {
+            Some(outcome) => outcome,
+            None if user_paused => Outcome {
+                phase: AppPhase::Paused,
+                reason: "PausedByUser".into(),
+                message: format!("the promotion of {target} is paused ({ANNOTATION_PAUSED}=true)"),
+            },
+            None => Outcome {
+                phase: AppPhase::Progressing,
+                reason: "Promoting".into(),
+                message: format!(
+                    "promoting {target}: the stable Deployment rolls to it, {}/{} replicas ready",
+                    r.ready, r.want
+                ),
+            },
         };
         (stable, Some(canary), outcome)
     }

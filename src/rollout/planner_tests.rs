@@ -414,8 +414,10 @@ fn rolling_updates_are_gated_and_reverted() {
     let plan = Run::new(&app).stable("1", 4, 4).plan(0);
     assert_eq!(image(&plan.stable), "example.com/web:2");
     assert!(plan.canary.is_none());
-    assert!(plan.analysis_due, "the analysis runs while the update progresses");
+    assert!(!plan.analysis_due, "nothing to measure before pods of the new version serve");
+    assert_eq!(plan.stable.spec.as_ref().and_then(|s| s.paused), None, "the new image goes in unpaused");
     let app = advance(&app, &plan);
+    assert!(Run::new(&app).stable("2", 4, 1).plan(1).analysis_due, "measured once new pods serve");
 
     // No data: the Deployment is paused where it is.
     let none = vec![measurement(MeasurementResult::Inconclusive, None)];
@@ -511,4 +513,66 @@ proptest! {
             prop_assert_ne!(plan.status.current_version.as_deref(), Some("2"));
         }
     }
+}
+
+#[test]
+fn a_step_pause_counts_from_when_the_canary_is_available() {
+    let mut app = canary_app(4, &[25, 50], false);
+    app.spec.strategy.as_mut().and_then(|s| s.canary.as_mut()).expect("canary").steps[0].pause = Some("10s".into());
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 1, 0).plan(30));
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).plan(50));
+    let early = Run::new(&app).stable("1", 3, 3).canary("2", 1, 1).plan(55);
+    assert_eq!(early.status.canary.as_ref().map(|c| c.step), Some(0), "available for 5 s of a 10 s pause");
+    assert_eq!(early.recheck, Some(Duration::from_secs(5)));
+    let later = Run::new(&app).stable("1", 3, 3).canary("2", 1, 1).plan(61);
+    assert_eq!(later.status.canary.as_ref().map(|c| c.step), Some(1));
+}
+
+#[test]
+fn a_paused_promotion_does_not_complete() {
+    let app = canary_app(2, &[50], false);
+    let app = with_annotation(&app, ANNOTATION_ACTION, "promote-full 1");
+    let app = advance(&app, &Run::new(&app).stable("1", 2, 2).plan(0));
+    assert_eq!(app.status.as_ref().and_then(|s| s.canary.as_ref()).map(|c| c.step), Some(1), "promoting");
+    let paused = with_annotation(&app, ANNOTATION_PAUSED, "true");
+    let plan = Run::new(&paused).stable("2", 2, 2).canary("2", 1, 1).plan(5);
+    assert_eq!(plan.status.phase, Some(AppPhase::Paused));
+    assert_ne!(plan.status.current_version.as_deref(), Some("2"));
+    assert!(plan.canary.is_some());
+}
+
+#[test]
+fn retry_only_retries_a_rolled_back_version() {
+    let app = canary_app(4, &[25], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let retry = with_annotation(&app, ANNOTATION_ACTION, "retry 1");
+    let plan = Run::new(&retry).stable("1", 3, 3).canary("2", 1, 1).plan(3);
+    assert_eq!(reasons(&plan), ["NothingToDo"]);
+    assert_eq!(plan.status.rollout, app.status.as_ref().and_then(|s| s.rollout.clone()), "the rollout goes on");
+}
+
+#[test]
+fn removing_steps_mid_rollout_does_not_promote() {
+    let app = canary_app(4, &[25, 50, 75], false);
+    let mut app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    if let Some(c) = app.status.as_mut().and_then(|s| s.canary.as_mut()) {
+        c.step = 2;
+    }
+    app.spec.strategy.as_mut().and_then(|s| s.canary.as_mut()).expect("canary").steps.truncate(2);
+    let plan = Run::new(&app).stable("1", 1, 1).canary("2", 3, 0).plan(5);
+    assert_eq!(plan.status.canary.as_ref().map(|c| (c.step, c.steps)), Some((1, 2)));
+    assert_eq!(image(&plan.stable), "example.com/web:1");
+}
+
+#[test]
+fn the_stable_deployment_does_not_grow_back_within_a_step() {
+    let mut app = canary_app(4, &[50], false);
+    app.spec.strategy.as_mut().and_then(|s| s.canary.as_mut()).expect("canary").steps[0].pause = Some("1h".into());
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).plan(2));
+    assert_eq!(app.status.as_ref().and_then(|s| s.canary.as_ref()).map(|c| c.stable_replicas), Some(2));
+    // The canary's status lags (nothing available as far as the cache knows).
+    let plan = Run::new(&app).stable("1", 2, 2).canary("2", 2, 0).plan(3);
+    assert_eq!(replicas(&plan.stable), Some(2));
 }
