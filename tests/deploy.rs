@@ -81,8 +81,40 @@ fn the_helm_chart_with_default_values_renders_the_kustomize_base() {
         m.keys().cloned().collect::<Vec<_>>()
     };
     assert_eq!(keys(&chart), keys(&kustomize), "the same objects");
+    let mut differences = Vec::new();
     for (key, object) in &kustomize {
-        assert_eq!(chart.get(key), Some(object), "{key:?} differs between the chart and the kustomize base");
+        if let Some(rendered) = chart.get(key) {
+            differences.extend(paths_that_differ("", rendered, object).into_iter().map(|p| format!("{key:?} at {p}")));
+        }
+    }
+    assert!(differences.is_empty(), "the chart and the kustomize base differ:\n{}", differences.join("\n"));
+}
+
+/// JSON paths where `a` and `b` differ, with both values (at most a few per object).
+fn paths_that_differ(path: &str, a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter()
+                .flat_map(|k| {
+                    let (va, vb) = (x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null));
+                    paths_that_differ(&format!("{path}/{k}"), va, vb)
+                })
+                .take(5)
+                .collect()
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .flat_map(|(i, (va, vb))| paths_that_differ(&format!("{path}/{i}"), va, vb))
+            .take(5)
+            .collect(),
+        // kustomize writes 100.0 as 100: compare numbers by value.
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => Vec::new(),
+        _ if a == b => Vec::new(),
+        _ => vec![format!("{path}: chart {a}, kustomize {b}")],
     }
 }
 
