@@ -329,11 +329,8 @@ impl Planner<'_> {
             }
             self.status.target_version = Some(target.clone());
             self.status.failed_version = None;
-            self.status.rollout = Some(RolloutProgress {
-                started_at: Time(self.now),
-                progress_since: None,
-                promoted_by_user: false,
-            });
+            self.status.rollout =
+                Some(RolloutProgress { started_at: Time(self.now), progress_since: None, promoted_by_user: false });
             self.status.analysis = self.settings.analysis.then(AnalysisStatus::default);
             self.status.canary = None;
             let how = if self.settings.canary { "canary" } else { "rolling" };
