@@ -81,6 +81,7 @@ up() {
       --kube-scheduler-binary "$K8S_BIN/kube-scheduler" \
       --kwok-controller-binary "$KWOK_BIN/kwok" \
       --extra-args kube-apiserver=advertise-address=127.0.0.1 \
+      --extra-args kube-apiserver=service-cluster-ip-range=10.96.0.0/16 \
       --kube-authorization=true \
       --kube-audit-policy "$(audit_policy)" \
       --wait 3m "$@" >"$KWOK_WORKDIR/create-$name.log" 2>&1 8>&- || {

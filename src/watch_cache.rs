@@ -42,12 +42,14 @@ where
     let stream = watcher(api, config)
         .default_backoff()
         .modify(slim::<K>)
+        .reflect(writer)
+        // After `reflect`: the store swaps in the initial list when it sees InitDone, so only
+        // now does the cache hold it. Flagging earlier let a reconcile read an empty cache.
         .inspect(move |event| {
             if let Ok(watcher::Event::InitDone) = event {
                 synced_tx.send_replace(true);
             }
         })
-        .reflect(writer)
         .touched_objects();
     (reader, synced_rx, stream)
 }

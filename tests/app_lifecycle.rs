@@ -253,6 +253,7 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
         v
     };
     let before = versions().await;
+    let status_before = serde_json::to_string(&apps.get("quiet").await.expect("app").status).unwrap_or_default();
 
     // A second reconciler in this process, with its own caches, driven by hand.
     let scope = flotilla::app::controller::Scope::Namespace(ns.name.clone());
@@ -274,7 +275,11 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = versions().await;
-    assert_eq!(before, after, "no object was written by 200 reconciles of settled Apps");
+    let status_after = serde_json::to_string(&apps.get("quiet").await.expect("app").status).unwrap_or_default();
+    assert_eq!(
+        before, after,
+        "no object was written by 200 reconciles of settled Apps; status of quiet before: {status_before}\nafter: {status_after}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{Span, field, info, instrument, warn};
+use tracing::{Span, debug, field, info, instrument, warn};
 
 use super::context::Context;
 use super::desired::{
@@ -193,6 +193,14 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         if !ctx.may_write(&namespace) {
             return Err(fenced());
         }
+        let ready = status.conditions.iter().find(|c| c.type_ == planner::READY);
+        debug!(
+            namespace,
+            app = name,
+            phase = ?status.phase,
+            ready = ready.map(|c| c.message.as_str()).unwrap_or_default(),
+            "writing status"
+        );
         write_status(&ctx.client, &namespace, &name, &status).await?;
         ctx.remember_written(&namespace, &name, status.clone());
         if previous.current_version != status.current_version
