@@ -89,7 +89,7 @@ YAML
 create_all() { ls "$WORK/$1"/*.yaml | xargs -P "$PARALLEL" -n 20 sh -c 'for f; do kubectl create -f "$f" >/dev/null; done' _; }
 
 echo ">> baseline: a bare client creates $APPS Deployments in $NAMESPACES namespaces"
-seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl create namespace >/dev/null
+seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 1 kubectl create namespace >/dev/null
 make_files base Deployment
 t0=$(now)
 create_all base
