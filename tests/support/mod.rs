@@ -253,10 +253,20 @@ pub fn kubectl_try(args: &[&str]) -> (bool, String) {
 }
 
 /// The operator's namespace, ServiceAccount and exactly the roles of rbac/, as an install would.
+/// Once per test binary: two concurrent client-side applies of a new object race to create it.
 pub fn install_operator_rbac() {
-    let root = repo_root();
-    kubectl_ok(&["apply", "-f", &root.join("deploy/base/namespace.yaml").display().to_string()]);
-    kubectl_ok(&["apply", "-k", &root.join("rbac").display().to_string()]);
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let root = repo_root();
+        kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &root.join("deploy/base/namespace.yaml").display().to_string(),
+        ]);
+        kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-k", &root.join("rbac").display().to_string()]);
+    });
 }
 
 /// A kubeconfig that authenticates as the operator's ServiceAccount with a TokenRequest token.
