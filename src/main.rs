@@ -107,34 +107,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Shards(args) => {
-            let runtime = match runtime(false) {
-                Ok(rt) => rt,
-                Err(message) => {
-                    eprintln!("{message}");
-                    return ExitCode::FAILURE;
+        Command::Shards(args) => with_client(args.kubeconfig.as_deref(), |client| async move {
+            match flotilla::cli::shards::print_shards(client, &args.operator_namespace, args.shards).await {
+                Ok(table) => {
+                    print!("{table}");
+                    ExitCode::SUCCESS
                 }
-            };
-            runtime.block_on(async move {
-                let client = match flotilla::operator::client_for(args.kubeconfig.as_deref(), "cli").await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                };
-                match flotilla::cli::shards::print_shards(client, &args.operator_namespace, args.shards).await {
-                    Ok(table) => {
-                        print!("{table}");
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("error: reading Leases, namespaces and Apps: {e}");
-                        ExitCode::FAILURE
-                    }
+                Err(e) => {
+                    eprintln!("error: reading Leases, namespaces and Apps: {e}");
+                    ExitCode::FAILURE
                 }
-            })
-        }
+            }
+        }),
         Command::Run(args) => {
             if args.renew_deadline + std::time::Duration::from_secs(1) > args.lease_duration {
                 eprintln!(
