@@ -6,9 +6,6 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
-/// Go-style duration accepted in specs: one or more `<digits><unit>` with unit ms, s, m or h.
-pub const DURATION_PATTERN: &str = "^([0-9]+(ms|s|m|h))+$";
-
 /// Annotation that pauses a rollout while it is `"true"` (`flotilla pause` / `flotilla resume`).
 pub const ANNOTATION_PAUSED: &str = "flotilla.dev/paused";
 /// Annotation carrying a one-off request, `<verb> <id>`, with verb `promote`, `promote-full`,

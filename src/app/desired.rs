@@ -70,18 +70,6 @@ pub fn fixed_replicas(app: &App) -> Option<i32> {
     if app.spec.autoscaling.is_some() { None } else { Some(app.spec.replicas.unwrap_or(1)) }
 }
 
-/// The stable Deployment running `spec.version` as the App asks: what an App without a
-/// rollout under way should have.
-pub fn desired_deployment(app: &App, id: &AppIdentity) -> Deployment {
-    let shape = DeploymentShape {
-        track: Track::Stable,
-        version: app.spec.version.clone(),
-        replicas: fixed_replicas(app),
-        paused: false,
-    };
-    deployment(app, id, &shape)
-}
-
 /// A Deployment of the App: the image at `shape.version`, the pod settings of the spec, and
 /// (for the stable track) the rolling-update bounds.
 pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deployment {
@@ -364,6 +352,17 @@ pub fn hpa_differences(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stable Deployment running `spec.version` as the App asks (no rollout under way).
+    fn desired_deployment(app: &App, id: &AppIdentity) -> Deployment {
+        let shape = DeploymentShape {
+            track: Track::Stable,
+            version: app.spec.version.clone(),
+            replicas: fixed_replicas(app),
+            paused: false,
+        };
+        deployment(app, id, &shape)
+    }
     use crate::api::{AppSpec, Autoscaling};
     use proptest::prelude::*;
 

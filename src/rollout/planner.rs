@@ -15,11 +15,14 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use super::analysis::{explain, summarise};
 use super::duration::{self, DurationError};
-use super::replicas::{Readiness, canary_replicas, image_of, readiness, stable_replicas, total_replicas};
+use super::replicas::{
+    Readiness, canary_replicas, image_of, readiness, ready_replicas, stable_replicas, total_replicas,
+};
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED, HISTORY_LIMIT};
 use crate::api::{
@@ -167,6 +170,9 @@ pub struct Plan {
     pub analysis_due: bool,
 }
 
+/// The two Deployments the App should have (`None`: no canary) and where it stands.
+type Planned = (Deployment, Option<Deployment>, Outcome);
+
 /// Where the App stands, before it becomes status fields and conditions.
 struct Outcome {
     phase: AppPhase,
@@ -272,7 +278,7 @@ impl Planner<'_> {
         d
     }
 
-    fn decide(&mut self, verb: Option<Verb>) -> (Deployment, Option<Deployment>, Outcome) {
+    fn decide(&mut self, verb: Option<Verb>) -> Planned {
         let app = self.app;
         let generation = app.metadata.generation.unwrap_or(0);
         let target = self.target.clone();
@@ -362,7 +368,7 @@ impl Planner<'_> {
     }
 
     /// No rollout: the stable Deployment runs `version` as the spec says.
-    fn steady(&mut self, version: &str) -> (Deployment, Option<Deployment>, Outcome) {
+    fn steady(&mut self, version: &str) -> Planned {
         self.status.rollout = None;
         self.status.canary = None;
         self.status.target_version = Some(version.to_string());
@@ -400,11 +406,7 @@ impl Planner<'_> {
         }
     }
 
-    fn rolled_back(
-        &mut self,
-        stable_version: &str,
-        failed: &FailedVersion,
-    ) -> (Deployment, Option<Deployment>, Outcome) {
+    fn rolled_back(&mut self, stable_version: &str, failed: &FailedVersion) -> Planned {
         self.status.rollout = None;
         self.status.canary = None;
         self.status.target_version = Some(stable_version.to_string());
@@ -420,14 +422,8 @@ impl Planner<'_> {
         (stable, None, outcome)
     }
 
-    /// The rollout failed: roll back, or with autoRollback off (and not a user's abort) hold
-    /// the rollout where it is for a person to decide.
-    fn fail(
-        &mut self,
-        stable_version: &str,
-        reason: &'static str,
-        message: String,
-    ) -> (Deployment, Option<Deployment>, Outcome) {
+    /// Rolls the failed rollout back (always: also what a user's abort asks for).
+    fn fail(&mut self, stable_version: &str, reason: &'static str, message: String) -> Planned {
         let target = self.target.clone();
         let failed = FailedVersion {
             version: target.clone(),
@@ -442,13 +438,23 @@ impl Planner<'_> {
         self.rolled_back(stable_version, &failed)
     }
 
-    /// Holds a failed rollout (autoRollback off): nothing moves until a person aborts or promotes.
-    fn hold(&mut self, reason: &str, message: String) -> Outcome {
-        Outcome {
+    /// The rollout failed a check or the health gate: roll it back (`Break` with the plan), or
+    /// with autoRollback off hold it where it is for a person to abort or promote (`Continue`
+    /// with the outcome to show).
+    fn fail_or_hold(
+        &mut self,
+        stable_version: &str,
+        reason: &'static str,
+        message: String,
+    ) -> ControlFlow<Planned, Outcome> {
+        if self.settings.auto_rollback {
+            return ControlFlow::Break(self.fail(stable_version, reason, message));
+        }
+        ControlFlow::Continue(Outcome {
             phase: AppPhase::Paused,
             reason: reason.to_string(),
             message: format!("{message}; autoRollback is off: abort or promote the rollout"),
-        }
+        })
     }
 
     /// Runs the analysis bookkeeping for this round: records the measurements passed in, or
@@ -550,7 +556,7 @@ impl Planner<'_> {
         Outcome { phase: AppPhase::Healthy, reason: "Promoted".into(), message }
     }
 
-    fn rolling(&mut self, stable_version: &str) -> (Deployment, Option<Deployment>, Outcome) {
+    fn rolling(&mut self, stable_version: &str) -> Planned {
         let user_paused = paused_by_user(self.app);
         let promoted = self.promoted_by_user();
         let r = readiness(self.input.observed.stable, &self.image, self.total);
@@ -574,12 +580,11 @@ impl Planner<'_> {
         let waited = elapsed(&since, self.now);
         if let Some(AnalysisStop::Failed(why)) = &stop {
             let message = format!("analysis failed: {why}");
-            if self.settings.auto_rollback {
-                return self.fail(stable_version, "AnalysisFailed", message);
-            }
-            let stable = self.stable_from_spec(&target, fixed_replicas(self.app), rolled_in);
-            let outcome = self.hold("AnalysisFailed", message);
-            return (stable, None, outcome);
+            let held = match self.fail_or_hold(stable_version, "AnalysisFailed", message) {
+                ControlFlow::Break(rolled_back) => return rolled_back,
+                ControlFlow::Continue(held) => held,
+            };
+            return (self.stable_from_spec(&target, fixed_replicas(self.app), rolled_in), None, held);
         }
         if !r.complete && !held && waited > self.settings.deadline {
             let message = format!(
@@ -588,12 +593,11 @@ impl Planner<'_> {
                 r.ready,
                 r.want
             );
-            if self.settings.auto_rollback {
-                return self.fail(stable_version, "ProgressDeadlineExceeded", message);
-            }
-            let stable = self.stable_from_spec(&target, fixed_replicas(self.app), rolled_in);
-            let outcome = self.hold("ProgressDeadlineExceeded", message);
-            return (stable, None, outcome);
+            let held = match self.fail_or_hold(stable_version, "ProgressDeadlineExceeded", message) {
+                ControlFlow::Break(rolled_back) => return rolled_back,
+                ControlFlow::Continue(held) => held,
+            };
+            return (self.stable_from_spec(&target, fixed_replicas(self.app), rolled_in), None, held);
         }
         let stable = self.stable_from_spec(&target, fixed_replicas(self.app), held && rolled_in);
         let just_passed = self.input.measurements.is_some() && self.passed_since(&self.started_at());
@@ -621,7 +625,7 @@ impl Planner<'_> {
         (stable, None, outcome)
     }
 
-    fn canary(&mut self, stable_version: &str, promote_step: bool) -> (Deployment, Option<Deployment>, Outcome) {
+    fn canary(&mut self, stable_version: &str, promote_step: bool) -> Planned {
         let steps = i32::try_from(self.settings.weights.len()).unwrap_or(i32::MAX);
         let target = self.target.clone();
         let user_paused = paused_by_user(self.app);
@@ -677,11 +681,11 @@ impl Planner<'_> {
         let stop = if user_paused || !cr.complete { self.held_analysis() } else { self.analyse(true) };
         if let Some(AnalysisStop::Failed(why)) = &stop {
             let message = format!("analysis failed at step {} ({weight}%): {why}", c.step + 1);
-            if self.settings.auto_rollback {
-                return self.fail(stable_version, "AnalysisFailed", message);
-            }
-            let outcome = self.hold("AnalysisFailed", message);
-            return self.canary_objects(stable_version, c, wanted, cr, outcome);
+            let held = match self.fail_or_hold(stable_version, "AnalysisFailed", message) {
+                ControlFlow::Break(rolled_back) => return rolled_back,
+                ControlFlow::Continue(held) => held,
+            };
+            return self.canary_objects(stable_version, c, wanted, cr, held);
         }
         if !cr.complete && !user_paused && waited > self.settings.deadline {
             let message = format!(
@@ -690,11 +694,11 @@ impl Planner<'_> {
                 cr.ready.min(wanted),
                 wanted
             );
-            if self.settings.auto_rollback {
-                return self.fail(stable_version, "ProgressDeadlineExceeded", message);
-            }
-            let outcome = self.hold("ProgressDeadlineExceeded", message);
-            return self.canary_objects(stable_version, c, wanted, cr, outcome);
+            let held = match self.fail_or_hold(stable_version, "ProgressDeadlineExceeded", message) {
+                ControlFlow::Break(rolled_back) => return rolled_back,
+                ControlFlow::Continue(held) => held,
+            };
+            return self.canary_objects(stable_version, c, wanted, cr, held);
         }
 
         let pause = self.settings.pauses[index];
@@ -770,7 +774,7 @@ impl Planner<'_> {
         wanted: i32,
         cr: Readiness,
         outcome: Outcome,
-    ) -> (Deployment, Option<Deployment>, Outcome) {
+    ) -> Planned {
         let autoscaled = fixed_replicas(self.app).is_none();
         let mut stable_count = stable_replicas(self.total, wanted, cr.available);
         if let Some(before) = self.app.status.as_ref().and_then(|s| s.canary.as_ref())
@@ -793,11 +797,7 @@ impl Planner<'_> {
 
     /// Last phase of a canary: the stable Deployment moves to the new version (the canary
     /// keeps serving meanwhile), then the canary goes.
-    fn promote_canary(
-        &mut self,
-        stable_version: &str,
-        mut c: CanaryStatus,
-    ) -> (Deployment, Option<Deployment>, Outcome) {
+    fn promote_canary(&mut self, stable_version: &str, mut c: CanaryStatus) -> Planned {
         let target = self.target.clone();
         let stable = self.stable_from_spec(&target, fixed_replicas(self.app), false);
         let r = readiness(self.input.observed.stable, &self.image, self.total);
@@ -815,10 +815,10 @@ impl Planner<'_> {
                 r.ready,
                 r.want
             );
-            if self.settings.auto_rollback {
-                return self.fail(stable_version, "ProgressDeadlineExceeded", message);
-            }
-            held = Some(self.hold("ProgressDeadlineExceeded", message));
+            held = match self.fail_or_hold(stable_version, "ProgressDeadlineExceeded", message) {
+                ControlFlow::Break(rolled_back) => return rolled_back,
+                ControlFlow::Continue(outcome) => Some(outcome),
+            };
         } else if !user_paused {
             self.look_again_in(self.settings.deadline - waited.min(self.settings.deadline));
         }
@@ -851,8 +851,8 @@ impl Planner<'_> {
     fn finish(mut self, stable: Deployment, canary: Option<Deployment>, outcome: Outcome) -> Plan {
         let app = self.app;
         let observed_generation = app.metadata.generation;
-        let stable_ready = readiness(self.input.observed.stable, "", 0).ready;
-        let canary_ready = readiness(self.input.observed.canary, "", 0).ready;
+        let stable_ready = ready_replicas(self.input.observed.stable);
+        let canary_ready = ready_replicas(self.input.observed.canary);
         let ready = if canary.is_some() { stable_ready + canary_ready } else { stable_ready };
         let s = &mut self.status;
         s.observed_generation = observed_generation;

@@ -69,6 +69,11 @@ pub fn image_of(d: &Deployment) -> Option<&str> {
         .as_deref()
 }
 
+/// Ready pods of a Deployment, of any template (0 when it is missing).
+pub fn ready_replicas(d: Option<&Deployment>) -> i32 {
+    d.and_then(|d| d.status.as_ref()).and_then(|s| s.ready_replicas).unwrap_or(0)
+}
+
 pub fn readiness(d: Option<&Deployment>, image: &str, want: i32) -> Readiness {
     let Some(d) = d else {
         return Readiness { want, ..Readiness::default() };
@@ -80,7 +85,7 @@ pub fn readiness(d: Option<&Deployment>, image: &str, want: i32) -> Readiness {
     };
     let right_image = image_of(d) == Some(image);
     let spec_replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let ready = status.ready_replicas.unwrap_or(0);
+    let ready = ready_replicas(Some(d));
     let available = if right_image && seen { status.available_replicas.unwrap_or(0).min(spec_replicas) } else { 0 };
     let complete = seen
         && right_image
