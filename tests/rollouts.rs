@@ -123,7 +123,7 @@ async fn missing_data_pauses_the_rollout_until_prometheus_is_back() {
     .await;
     rig.wait_for_data("web", "2").await;
     rig.set_version("web", "2").await;
-    rig.wait_until("canary available and passing", |a| {
+    rig.wait_until("web", "canary available and passing", |a| {
         let s = a.status.as_ref()?;
         (s.canary.as_ref()?.replicas == 1 && s.analysis.as_ref()?.last_result == Some(MeasurementResult::Pass))
             .then_some(())
@@ -131,7 +131,7 @@ async fn missing_data_pauses_the_rollout_until_prometheus_is_back() {
     .await;
     rig.prometheus.stop().await;
     let paused = rig
-        .wait_until("paused: Prometheus unreachable", |a| {
+        .wait_until("web", "paused: Prometheus unreachable", |a| {
             (a.status.as_ref()?.phase == Some(AppPhase::Paused)
                 && condition(a, "Progressing").2.contains("unreachable"))
             .then_some(())
@@ -226,8 +226,10 @@ async fn reverting_mid_canary_rolls_back_at_once_and_a_new_version_restarts_the_
     )
     .await;
     rig.set_version("web", "2").await;
-    rig.wait_until("canary of 2 at step 1", |a| (a.status.as_ref()?.canary.as_ref()?.replicas == 1).then_some(()))
-        .await;
+    rig.wait_until("web", "canary of 2 at step 1", |a| {
+        (a.status.as_ref()?.canary.as_ref()?.replicas == 1).then_some(())
+    })
+    .await;
     support::wait_for(Duration::from_secs(30), "canary Deployment", || async { rig.deployment("web-canary").await })
         .await;
 
@@ -247,14 +249,14 @@ async fn reverting_mid_canary_rolls_back_at_once_and_a_new_version_restarts_the_
 
     // A new version during the analysis restarts from step 1 with fresh analysis.
     rig.set_version("web", "2").await;
-    rig.wait_until("measured canary of 2", |a| {
+    rig.wait_until("web", "measured canary of 2", |a| {
         let s = a.status.as_ref()?;
         (s.target_version.as_deref() == Some("2") && s.analysis.as_ref()?.last_run.is_some()).then_some(())
     })
     .await;
     rig.set_version("web", "3").await;
     let app = rig
-        .wait_until("rollout of 3 at step 1", |a| {
+        .wait_until("web", "rollout of 3 at step 1", |a| {
             let s = a.status.as_ref()?;
             (s.target_version.as_deref() == Some("3") && s.canary.as_ref()?.step == 0).then_some(())
         })
@@ -297,7 +299,7 @@ async fn a_canary_follows_the_autoscaler_replicas() {
         (d.spec?.replicas == Some(3)).then_some(())
     })
     .await;
-    rig.wait_until("status shows a canary of 3 beside 6", |a| {
+    rig.wait_until("web", "status shows a canary of 3 beside 6", |a| {
         let c = a.status.as_ref()?.canary.as_ref()?;
         ((c.replicas, c.stable_replicas) == (3, 6)).then_some(())
     })
@@ -342,7 +344,7 @@ async fn promote_abort_retry_and_pause_from_the_cli() {
         .await;
     rig.set_version("web", "2").await;
     let step = |n: i32| move |a: &flotilla::api::App| (a.status.as_ref()?.canary.as_ref()?.step == n).then_some(());
-    rig.wait_until("at step 1", step(0)).await;
+    rig.wait_until("web", "at step 1", step(0)).await;
 
     cli(&["pause", "web", "-n", &ns]);
     let paused = rig.wait_phase("web", AppPhase::Paused).await;
@@ -351,7 +353,7 @@ async fn promote_abort_retry_and_pause_from_the_cli() {
     rig.wait_phase("web", AppPhase::Progressing).await;
 
     cli(&["promote", "web", "-n", &ns]);
-    rig.wait_until("at step 2", step(1)).await;
+    rig.wait_until("web", "at step 2", step(1)).await;
     let status = cli(&["status", "web", "-n", &ns]);
     assert!(status.contains("50%"), "status shows the weight: {status}");
 
@@ -364,7 +366,7 @@ async fn promote_abort_retry_and_pause_from_the_cli() {
     .await;
 
     cli(&["retry", "web", "-n", &ns]);
-    rig.wait_until("retried at step 1", |a| {
+    rig.wait_until("web", "retried at step 1", |a| {
         let s = a.status.as_ref()?;
         (s.phase == Some(AppPhase::Progressing) && s.canary.as_ref()?.step == 0).then_some(())
     })

@@ -95,7 +95,7 @@ impl Rig {
     }
 
     pub async fn wait_healthy(&self, name: &str, version: &str) -> App {
-        self.wait_until(&format!("App {name} Healthy at {version}"), |app| {
+        self.wait_until(name, &format!("Healthy at {version}"), |app| {
             let s = app.status.as_ref()?;
             (s.phase == Some(AppPhase::Healthy)
                 && s.current_version.as_deref() == Some(version)
@@ -106,24 +106,18 @@ impl Rig {
     }
 
     pub async fn wait_phase(&self, name: &str, phase: AppPhase) -> App {
-        self.wait_until(&format!("App {name} in phase {phase:?}"), |app| {
+        self.wait_until(name, &format!("in phase {phase:?}"), |app| {
             let s = app.status.as_ref()?;
             (s.phase == Some(phase) && s.observed_generation == app.metadata.generation).then_some(())
         })
         .await
     }
 
-    /// Polls the App until `check` says yes; returns the App as it was then.
-    pub async fn wait_until(&self, what: &str, check: impl Fn(&App) -> Option<()>) -> App {
-        let apps = self.apps.clone();
-        let name = what.to_string();
-        wait_for(MILESTONE, &name, || {
-            let apps = apps.clone();
-            let check = &check;
-            async move {
-                let list = apps.list(&ListParams::default()).await.ok()?;
-                list.items.into_iter().find(|a| check(a).is_some())
-            }
+    /// Polls App `name` until `check` says yes; returns the App as it was then.
+    pub async fn wait_until(&self, name: &str, what: &str, check: impl Fn(&App) -> Option<()>) -> App {
+        wait_for(MILESTONE, &format!("App {name}: {what}"), || async {
+            let app = self.apps.get(name).await.ok()?;
+            check(&app).map(|_| app)
         })
         .await
     }
