@@ -9,3 +9,4 @@ pub mod sharding;
 pub mod telemetry;
 pub mod tenancy;
 pub mod watch_cache;
+pub mod webhook;

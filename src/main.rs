@@ -107,6 +107,19 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::MigrateStorage(args) => with_client(args.kubeconfig.as_deref(), |client| async move {
+            match flotilla::cli::migrate::migrate_storage(client, |line| println!("{line}")).await {
+                Ok(done) => {
+                    let objects: usize = done.iter().map(|m| m.objects).sum();
+                    println!("done: {objects} objects stored at {}", flotilla::api::STORAGE_VERSION);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
         Command::Shards(args) => with_client(args.kubeconfig.as_deref(), |client| async move {
             match flotilla::cli::shards::print_shards(client, &args.operator_namespace, args.shards).await {
                 Ok(table) => {
@@ -157,6 +170,13 @@ fn main() -> ExitCode {
                         ..Default::default()
                     },
                     prometheus_url: args.prometheus_url,
+                    webhook: args.conversion_webhook.then(|| flotilla::webhook::WebhookSettings {
+                        addr: args.webhook_addr,
+                        url: args.webhook_url,
+                        namespace: args.operator_namespace.clone(),
+                        secret: args.webhook_secret,
+                        check_every: std::time::Duration::from_secs(60),
+                    }),
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,

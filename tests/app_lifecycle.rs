@@ -30,7 +30,7 @@ async fn create_app(client: &Client, ns: &str, spec: serde_json::Value) -> App {
     let mut body = spec.clone();
     body.as_object_mut().expect("object").remove("name");
     let app: App = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
         "metadata": {"name": name, "namespace": ns},
         "spec": body,
     }))

@@ -9,7 +9,7 @@ use support::{TestNamespace, admin_client, install_crds};
 
 fn app(name: &str, spec: Value) -> DynamicObject {
     serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
         "metadata": {"name": name}, "spec": spec,
     }))
     .expect("object")
@@ -74,70 +74,83 @@ async fn invalid_apps_are_refused_with_the_field_named() {
             with(json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "targetCPUUtilizationPercentage": 150}})),
             "spec.autoscaling.targetCPUUtilizationPercentage",
         ),
-        ("canary without steps", "nosteps", with(json!({"strategy": {"type": "Canary"}})), "spec.strategy.canary"),
+        (
+            "canary without steps",
+            "nosteps",
+            with(json!({"rollout": {"strategy": {"type": "Canary"}}})),
+            "spec.rollout.strategy.canary",
+        ),
         (
             "canary weight over 100",
             "weight",
-            with(json!({"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 150}]}}})),
-            "spec.strategy.canary.steps[0].weight",
+            with(json!({"rollout": {"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 150}]}}}})),
+            "spec.rollout.strategy.canary.steps[0].weight",
         ),
         (
             "canary pause not a duration",
             "pause",
-            with(json!({"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10, "pause": "soon"}]}}})),
-            "spec.strategy.canary.steps[].pause",
+            with(
+                json!({"rollout": {"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10, "pause": "soon"}]}}}}),
+            ),
+            "spec.rollout.strategy.canary.steps[0].pause",
         ),
         (
             "canary steps with a rolling strategy",
             "mixed",
-            with(json!({"strategy": {"type": "Rolling", "canary": {"steps": [{"weight": 10}]}}})),
-            "spec.strategy.canary",
+            with(json!({"rollout": {"strategy": {"type": "Rolling", "canary": {"steps": [{"weight": 10}]}}}})),
+            "spec.rollout.strategy.canary",
         ),
         (
             "metric without bounds",
             "nobounds",
-            with(json!({"analysis": {"metrics": [{"name": "errors", "query": "up"}]}})),
-            "spec.analysis.metrics[]: set max, min or both",
+            with(json!({"rollout": {"analysis": {"metrics": [{"name": "errors", "query": "up"}]}}})),
+            "spec.rollout.analysis.metrics[0].max",
         ),
         (
             "metric min above max",
             "minmax2",
-            with(json!({"analysis": {"metrics": [{"name": "errors", "query": "up", "min": 2, "max": 1}]}})),
-            "spec.analysis.metrics[].min",
+            with(
+                json!({"rollout": {"analysis": {"metrics": [{"name": "errors", "query": "up", "min": 2, "max": 1}]}}}),
+            ),
+            "spec.rollout.analysis.metrics[0].min",
         ),
         (
             "duplicate metric names",
             "dup",
             with(
-                json!({"analysis": {"metrics": [{"name": "e", "query": "up", "max": 1}, {"name": "e", "query": "up", "max": 1}]}}),
+                json!({"rollout": {"analysis": {"metrics": [{"name": "e", "query": "up", "max": 1}, {"name": "e", "query": "up", "max": 1}]}}}),
             ),
-            "spec.analysis.metrics[].name must be unique",
+            "spec.rollout.analysis.metrics",
         ),
         (
             "analysis interval not a duration",
             "interval",
-            with(json!({"analysis": {"interval": "often", "metrics": [{"name": "e", "query": "up", "max": 1}]}})),
-            "spec.analysis.interval",
+            with(
+                json!({"rollout": {"analysis": {"interval": "often", "metrics": [{"name": "e", "query": "up", "max": 1}]}}}),
+            ),
+            "spec.rollout.analysis.interval",
         ),
         (
             "Prometheus address not a URL",
             "promurl",
             with(
-                json!({"analysis": {"prometheusUrl": "prometheus:9090", "metrics": [{"name": "e", "query": "up", "max": 1}]}}),
+                json!({"rollout": {"analysis": {"prometheusUrl": "prometheus:9090", "metrics": [{"name": "e", "query": "up", "max": 1}]}}}),
             ),
-            "spec.analysis.prometheusUrl",
+            "spec.rollout.analysis.prometheusUrl",
         ),
         (
             "failure limit zero",
             "limit",
-            with(json!({"analysis": {"failureLimit": 0, "metrics": [{"name": "e", "query": "up", "max": 1}]}})),
-            "spec.analysis.failureLimit",
+            with(
+                json!({"rollout": {"analysis": {"failureLimit": 0, "metrics": [{"name": "e", "query": "up", "max": 1}]}}}),
+            ),
+            "spec.rollout.analysis.failureLimit",
         ),
         (
             "progress deadline too short",
             "deadline",
-            with(json!({"progressDeadlineSeconds": 1})),
-            "spec.progressDeadlineSeconds",
+            with(json!({"rollout": {"progressDeadline": "1s"}})),
+            "spec.rollout.progressDeadline",
         ),
         ("name too long for derived objects", &long_name, ok.clone(), "metadata.name"),
         ("name not a DNS-1035 label", "1app", ok.clone(), "metadata.name"),

@@ -40,8 +40,8 @@ async fn a_canary_that_never_becomes_ready_is_rolled_back() {
     let rig = Rig::start("ro-gate").await;
     rig.create(
         "web",
-        json!({"replicas": 2, "progressDeadlineSeconds": 10,
-               "strategy": {"type": "Canary", "canary": {"steps": [{"weight": 50}]}}}),
+        json!({"replicas": 2, "rollout": {"progressDeadline": "10s",
+               "strategy": {"type": "Canary", "canary": {"steps": [{"weight": 50}]}}}}),
     )
     .await;
     let cordoned = Cordoned::all();

@@ -77,11 +77,11 @@ async fn prometheus_scrapes_the_operator_and_every_query_returns_data() {
     let prom = prometheus.addr();
     let apps: Api<App> = Api::namespaced(client.clone(), &ns);
     let canary: App = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "metadata": {"name": "shop", "namespace": ns},
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "shop", "namespace": ns},
         "spec": {"image": "registry.example.com/tests/shop", "version": "1", "replicas": 2,
-                 "strategy": {"type": "Canary", "canary": {"steps": [{"weight": 50, "pause": "1h"}]}},
-                 "analysis": {"interval": "2s", "prometheusUrl": prometheus.url(),
-                              "metrics": [{"name": "error-rate", "query": ERROR_RATE, "max": 0.05}]}},
+                 "rollout": {"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 50, "pause": "1h"}]}},
+                             "analysis": {"interval": "2s", "prometheusUrl": prometheus.url(),
+                                          "metrics": [{"name": "error-rate", "query": ERROR_RATE, "max": 0.05}]}}},
     }))
     .expect("App");
     apps.create(&PostParams::default(), &canary).await.expect("creating App");

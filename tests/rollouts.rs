@@ -23,8 +23,8 @@ async fn a_good_canary_passes_every_step_and_is_promoted() {
     rig.traffic("web", "2", 0.01, 0.05);
     rig.create(
         "web",
-        json!({"replicas": 4, "strategy": canary(json!([{"weight": 25, "pause": "2s"}, {"weight": 50, "pause": "2s"}])),
-               "analysis": analysis(error_rate_check())}),
+        json!({"replicas": 4, "rollout": {"strategy": canary(json!([{"weight": 25, "pause": "2s"}, {"weight": 50, "pause": "2s"}])),
+               "analysis": analysis(error_rate_check())}}),
     )
     .await;
     rig.wait_for_data("web", "2").await;
@@ -68,8 +68,8 @@ async fn a_bad_canary_is_rolled_back_and_the_stable_deployment_never_changes() {
     rig.traffic("web", "2", 0.5, 0.05);
     rig.create(
         "web",
-        json!({"replicas": 3, "strategy": canary(json!([{"weight": 34}, {"weight": 67}])),
-               "analysis": analysis(error_rate_check())}),
+        json!({"replicas": 3, "rollout": {"strategy": canary(json!([{"weight": 34}, {"weight": 67}])),
+               "analysis": analysis(error_rate_check())}}),
     )
     .await;
     rig.set_version("web", "2").await;
@@ -117,8 +117,8 @@ async fn missing_data_pauses_the_rollout_until_prometheus_is_back() {
     rig.traffic("web", "2", 0.01, 0.05);
     rig.create(
         "web",
-        json!({"replicas": 2, "strategy": canary(json!([{"weight": 50, "pause": "10s"}])),
-               "analysis": analysis(error_rate_check())}),
+        json!({"replicas": 2, "rollout": {"strategy": canary(json!([{"weight": 50, "pause": "10s"}])),
+               "analysis": analysis(error_rate_check())}}),
     )
     .await;
     rig.wait_for_data("web", "2").await;
@@ -158,8 +158,8 @@ async fn an_invalid_query_degrades_the_app_with_prometheus_message_and_no_hot_lo
     let rig = Rig::start("ro-badq").await;
     rig.create(
         "web",
-        json!({"replicas": 2, "strategy": canary(json!([{"weight": 50}])),
-               "analysis": analysis(json!([{"name": "broken", "query": "sum(rate(http_requests_total[1m]", "max": 1}]))}),
+        json!({"replicas": 2, "rollout": {"strategy": canary(json!([{"weight": 50}])),
+               "analysis": analysis(json!([{"name": "broken", "query": "sum(rate(http_requests_total[1m]", "max": 1}]))}}),
     )
     .await;
     rig.set_version("web", "2").await;
@@ -188,7 +188,7 @@ async fn a_rolling_update_keeps_all_but_max_unavailable_replicas_available() {
     rig.create(
         "web",
         json!({"replicas": 4, "minReadySeconds": 2,
-               "strategy": {"type": "Rolling", "rolling": {"maxUnavailable": 1, "maxSurge": 1}}}),
+               "rollout": {"strategy": {"type": "Rolling", "rolling": {"maxUnavailable": 1, "maxSurge": 1}}}}),
     )
     .await;
     rig.set_version("web", "2").await;
@@ -221,8 +221,8 @@ async fn reverting_mid_canary_rolls_back_at_once_and_a_new_version_restarts_the_
     rig.traffic("web", "3", 0.0, 0.05);
     rig.create(
         "web",
-        json!({"replicas": 4, "strategy": canary(json!([{"weight": 25, "pause": "1h"}, {"weight": 50}])),
-               "analysis": analysis(error_rate_check())}),
+        json!({"replicas": 4, "rollout": {"strategy": canary(json!([{"weight": 25, "pause": "1h"}, {"weight": 50}])),
+               "analysis": analysis(error_rate_check())}}),
     )
     .await;
     rig.set_version("web", "2").await;
@@ -279,7 +279,7 @@ async fn a_canary_follows_the_autoscaler_replicas() {
     rig.create(
         "web",
         json!({"autoscaling": {"minReplicas": 4, "maxReplicas": 10},
-               "strategy": canary(json!([{"weight": 50, "pause": "1h"}]))}),
+               "rollout": {"strategy": canary(json!([{"weight": 50, "pause": "1h"}]))}}),
     )
     .await;
     support::wait_for(Duration::from_secs(60), "the autoscaler sets 4 replicas", || async {
@@ -312,8 +312,8 @@ async fn a_p99_latency_over_two_seconds_rolls_back() {
     rig.traffic("web", "2", 0.0, 3.0);
     rig.create(
         "web",
-        json!({"replicas": 2, "strategy": canary(json!([{"weight": 50}])),
-               "analysis": analysis(json!([{"name": "p99-latency-ms", "query": P99_MS, "max": 2000}]))}),
+        json!({"replicas": 2, "rollout": {"strategy": canary(json!([{"weight": 50}])),
+               "analysis": analysis(json!([{"name": "p99-latency-ms", "query": P99_MS, "max": 2000}]))}}),
     )
     .await;
     rig.set_version("web", "2").await;
@@ -340,7 +340,7 @@ fn cli(args: &[&str]) -> String {
 async fn promote_abort_retry_and_pause_from_the_cli() {
     let rig = Rig::start("ro-cli").await;
     let ns = rig.ns.name.clone();
-    rig.create("web", json!({"replicas": 4, "strategy": canary(json!([{"weight": 25, "pause": "1h"}, {"weight": 50, "pause": "1h"}]))}))
+    rig.create("web", json!({"replicas": 4, "rollout": {"strategy": canary(json!([{"weight": 25, "pause": "1h"}, {"weight": 50, "pause": "1h"}]))}}))
         .await;
     rig.set_version("web", "2").await;
     let step = |n: i32| move |a: &flotilla::api::App| (a.status.as_ref()?.canary.as_ref()?.step == n).then_some(());

@@ -37,7 +37,7 @@ async fn five_hundred_apps_converge_and_then_the_operator_writes_nothing() {
         let names: Vec<String> = (0..NAMESPACES_PER_TENANT).map(|n| format!("{prefix}-{t}-{n}")).collect();
         namespaces.extend(names.iter().cloned());
         let tenant: Tenant = serde_json::from_value(json!({
-            "apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant",
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "Tenant",
             "metadata": {"name": format!("{prefix}-{t}")}, "spec": {"namespaces": names},
         }))
         .expect("Tenant");
@@ -66,7 +66,7 @@ async fn five_hundred_apps_converge_and_then_the_operator_writes_nothing() {
             let client = client.clone();
             async move {
                 let app: App = serde_json::from_value(json!({
-                    "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+                    "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
                     "metadata": {"name": name, "namespace": ns},
                     "spec": {"image": "registry.example.com/scale/app", "version": "1", "replicas": 1},
                 }))

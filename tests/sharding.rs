@@ -144,7 +144,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     let tenant = unique("ten-shard");
     let namespaces: Vec<String> = (0..8).map(|i| format!("{tenant}-ns{i}")).collect();
     let t: Tenant = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": tenant},
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "Tenant", "metadata": {"name": tenant},
         "spec": {"namespaces": namespaces},
     }))
     .expect("tenant");
@@ -172,7 +172,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     .await;
     for ns in &namespaces {
         let app: App = serde_json::from_value(json!({
-            "apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "metadata": {"name": "web", "namespace": ns},
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "web", "namespace": ns},
             "spec": {"image": "registry.example.com/shop/web", "version": "1", "replicas": 1},
         }))
         .expect("app");

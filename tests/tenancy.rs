@@ -23,7 +23,7 @@ const OPERATOR_SA: &str = "system:serviceaccount:flotilla-system:flotilla";
 
 async fn create_tenant(client: &Client, name: &str, spec: Value) -> Tenant {
     let t: Tenant = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": name}, "spec": spec,
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "Tenant", "metadata": {"name": name}, "spec": spec,
     }))
     .expect("tenant");
     Api::<Tenant>::all(client.clone()).create(&PostParams::default(), &t).await.expect("creating Tenant")
@@ -43,7 +43,7 @@ async fn wait_state(client: &Client, tenant: &str, ns: &str, state: NamespaceSta
 
 async fn create_app(client: &Client, ns: &str, name: &str, replicas: i32) {
     let app: App = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "metadata": {"name": name, "namespace": ns},
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": name, "namespace": ns},
         "spec": {"image": "registry.example.com/shop/web", "version": "1.0.0", "replicas": replicas},
     }))
     .expect("app");
@@ -234,7 +234,7 @@ async fn tenant_admins(client: Client) {
     wait_state(&client, &other_t, &theirs, NamespaceState::Onboarded).await;
     let manifest = |ns: &str| {
         format!(
-            r#"{{"apiVersion":"flotilla.dev/v1alpha1","kind":"App","metadata":{{"name":"by-admin","namespace":"{ns}"}},"spec":{{"image":"registry.example.com/a","version":"1"}}}}"#
+            r#"{{"apiVersion":"flotilla.dev/v1beta1","kind":"App","metadata":{{"name":"by-admin","namespace":"{ns}"}},"spec":{{"image":"registry.example.com/a","version":"1"}}}}"#
         )
     };
     for (ns, allowed) in [(&mine, true), (&theirs, false)] {
@@ -271,7 +271,7 @@ async fn invalid_tenants(client: Client) {
     let mut failures = Vec::new();
     for (i, (what, spec, field)) in cases.iter().enumerate() {
         let obj: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": format!("invalid-{i}")}, "spec": spec,
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "Tenant", "metadata": {"name": format!("invalid-{i}")}, "spec": spec,
         }))
         .expect("object");
         match api.create(&PostParams::default(), &obj).await {

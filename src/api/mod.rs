@@ -1,35 +1,27 @@
 //! Custom resource types served under `flotilla.dev`, and the CRD documents generated from them.
+//!
+//! Two versions are served: `v1beta1` (stored, and the one the operator reads) and `v1alpha1`
+//! (deprecated). The operator's conversion webhook converts between them (`conversion`).
 
 pub mod app;
 pub mod conditions;
+pub mod conversion;
+pub mod crds;
 pub mod rollout;
 pub mod tenant;
+pub mod v1alpha1;
+pub mod v1beta1;
 
-pub use app::{App, AppPhase, AppSpec, AppStatus, Autoscaling};
+pub use app::{AppPhase, AppStatus, Autoscaling};
+pub use crds::{crds, crds_yaml};
 pub use rollout::{
     Analysis, AnalysisStatus, CanaryStatus, CanaryStep, CanaryStrategy, FailedVersion, Measurement, MeasurementResult,
     MetricCheck, RollingStrategy, RolloutProgress, RolloutRecord, RolloutResult, Strategy, StrategyType,
 };
-pub use tenant::{
-    NamespaceState, NamespaceStatus, Subject, SubjectKind, Tenant, TenantQuota, TenantSpec, TenantStatus,
-};
-
-use kube::CustomResourceExt;
+pub use tenant::{NamespaceState, NamespaceStatus, Subject, SubjectKind, TenantQuota, TenantStatus};
+pub use v1beta1::{App, AppSpec, NamespaceRemovalPolicy, RolloutSpec, Tenant, TenantSpec};
 
 /// API group of every Flotilla resource.
 pub const GROUP: &str = "flotilla.dev";
-
-/// Every CRD Flotilla serves.
-pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
-    vec![App::crd(), Tenant::crd()]
-}
-
-/// The CRDs as one multi-document YAML stream, exactly as checked in under `crds/`.
-pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
-    let mut out = String::new();
-    for crd in crds() {
-        out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&crd)?);
-    }
-    Ok(out)
-}
+/// The version objects are stored in and the operator reads.
+pub const STORAGE_VERSION: &str = "v1beta1";

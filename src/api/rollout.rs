@@ -15,9 +15,9 @@ pub const ANNOTATION_ACTION: &str = "flotilla.dev/action";
 /// How a new version replaces the running one.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.type != 'Canary' || has(self.canary)").message("spec.strategy.canary is required when spec.strategy.type is Canary").reason(kube::core::Reason::FieldValueRequired).field_path(".canary"))]
-#[x_kube(validation = Rule::new("self.type != 'Rolling' || !has(self.canary)").message("spec.strategy.canary is only allowed when spec.strategy.type is Canary").reason(kube::core::Reason::FieldValueForbidden).field_path(".canary"))]
-#[x_kube(validation = Rule::new("self.type != 'Canary' || !has(self.rolling)").message("spec.strategy.rolling is only allowed when spec.strategy.type is Rolling").reason(kube::core::Reason::FieldValueForbidden).field_path(".rolling"))]
+#[x_kube(validation = Rule::new("self.type != 'Canary' || has(self.canary)").message("canary is required when type is Canary").reason(kube::core::Reason::FieldValueRequired).field_path(".canary"))]
+#[x_kube(validation = Rule::new("self.type != 'Rolling' || !has(self.canary)").message("canary is only allowed when type is Canary").reason(kube::core::Reason::FieldValueForbidden).field_path(".canary"))]
+#[x_kube(validation = Rule::new("self.type != 'Canary' || !has(self.rolling)").message("rolling is only allowed when type is Rolling").reason(kube::core::Reason::FieldValueForbidden).field_path(".rolling"))]
 pub struct Strategy {
     /// `Rolling` (default): the Deployment is updated in place. `Canary`: a second Deployment runs the new version beside the stable one, step by step.
     #[serde(rename = "type", default)]
@@ -68,7 +68,7 @@ pub struct CanaryStep {
     pub weight: i32,
     /// How long to stay at this step once the canary is available, for example `30s` or `2m` (default 0: move on once the analysis passes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h))+$')").message("spec.strategy.canary.steps[].pause must be a duration such as 30s, 2m or 1m30s").reason(kube::core::Reason::FieldValueInvalid))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h))+$')").message("must be a duration such as 30s, 2m or 1m30s").reason(kube::core::Reason::FieldValueInvalid))]
     #[schemars(length(max = 32))]
     pub pause: Option<String>,
 }
@@ -76,11 +76,11 @@ pub struct CanaryStep {
 /// Prometheus checks that gate a rollout, whatever its strategy.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.metrics.all(m, self.metrics.exists_one(n, n.name == m.name))").message("spec.analysis.metrics[].name must be unique").reason(kube::core::Reason::FieldValueInvalid).field_path(".metrics"))]
+#[x_kube(validation = Rule::new("self.metrics.all(m, self.metrics.exists_one(n, n.name == m.name))").message("metric names must be unique").reason(kube::core::Reason::FieldValueInvalid).field_path(".metrics"))]
 pub struct Analysis {
     /// Time between two measurements, for example `30s` (default 30s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h))+$')").message("spec.analysis.interval must be a duration such as 30s or 1m").reason(kube::core::Reason::FieldValueInvalid))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h))+$')").message("must be a duration such as 30s or 1m").reason(kube::core::Reason::FieldValueInvalid))]
     #[schemars(length(max = 32))]
     pub interval: Option<String>,
     /// Failed measurements that abort the rollout (1 to 100, default 2). A measurement with no data never counts as passed nor as failed: it pauses the rollout.
@@ -89,7 +89,7 @@ pub struct Analysis {
     pub failure_limit: Option<i32>,
     /// Prometheus to query, for example `http://prometheus.monitoring:9090` (default: the operator's `--prometheus-url`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$')").message("spec.analysis.prometheusUrl must be an http:// or https:// URL").reason(kube::core::Reason::FieldValueInvalid))]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$')").message("must be an http:// or https:// URL").reason(kube::core::Reason::FieldValueInvalid))]
     #[schemars(length(max = 512))]
     pub prometheus_url: Option<String>,
     /// The checks (1 to 20). Each must return one series with one finite value.
@@ -100,12 +100,12 @@ pub struct Analysis {
 /// One PromQL query and its bounds.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.max) || has(self.min)").message("spec.analysis.metrics[]: set max, min or both").reason(kube::core::Reason::FieldValueRequired).field_path(".max"))]
-#[x_kube(validation = Rule::new("!has(self.max) || !has(self.min) || self.min <= self.max").message("spec.analysis.metrics[].min must not be greater than max").reason(kube::core::Reason::FieldValueInvalid).field_path(".min"))]
+#[x_kube(validation = Rule::new("has(self.max) || has(self.min)").message("set max, min or both").reason(kube::core::Reason::FieldValueRequired).field_path(".max"))]
+#[x_kube(validation = Rule::new("!has(self.max) || !has(self.min) || self.min <= self.max").message("min must not be greater than max").reason(kube::core::Reason::FieldValueInvalid).field_path(".min"))]
 pub struct MetricCheck {
     /// Name shown in status and Events, for example `error-rate`.
     #[schemars(length(min = 1, max = 63))]
-    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("spec.analysis.metrics[].name must be lower-case letters, digits and '-'").reason(kube::core::Reason::FieldValueInvalid))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("must be lower-case letters, digits and '-'").reason(kube::core::Reason::FieldValueInvalid))]
     pub name: String,
     /// PromQL returning one series. `{{app}}`, `{{namespace}}`, `{{version}}` (the new version) and `{{stable_version}}` are replaced before it runs.
     #[schemars(length(min = 1, max = 4096))]
@@ -238,6 +238,3 @@ pub struct RolloutRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
-
-/// Longest history kept in status.
-pub const HISTORY_LIMIT: usize = 10;

@@ -1,47 +1,11 @@
-//! The `Tenant` resource: who a tenant is, which namespaces it owns, and their quota.
+//! Parts of the `Tenant` resource that every served version shares: subjects, quota and status.
+//! The specs of each version are in `v1alpha1` and `v1beta1`.
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::{CustomResource, KubeSchema};
+use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-
-/// A tenant of the cluster: the namespaces it owns, who administers them, and their quota.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[kube(
-    group = "flotilla.dev",
-    version = "v1alpha1",
-    kind = "Tenant",
-    status = "TenantStatus",
-    shortname = "tenant",
-    category = "flotilla",
-    printcolumn = r#"{"name":"Namespaces","type":"string","jsonPath":".status.summary","description":"Onboarded namespaces / namespaces listed"}"#,
-    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
-    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
-)]
-#[serde(rename_all = "camelCase")]
-pub struct TenantSpec {
-    /// Namespaces the tenant owns: created if missing and labelled `flotilla.dev/tenant`. Never deleted when
-    /// removed from this list unless `deleteNamespacesOnRemoval` is true. System namespaces are refused.
-    #[schemars(length(max = 100), inner(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")), extend("x-kubernetes-list-type" = "set"))]
-    #[x_kube(validation = Rule::new("self.all(n, !(n in ['kube-system', 'kube-public', 'kube-node-lease', 'default']))").message("spec.namespaces: kube-system, kube-public, kube-node-lease and default cannot belong to a tenant").reason(kube::core::Reason::FieldValueForbidden))]
-    pub namespaces: Vec<String>,
-
-    /// Users, groups or ServiceAccounts bound to the `flotilla-tenant-admin` role in each namespace.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 100))]
-    pub admins: Vec<Subject>,
-
-    /// A ResourceQuota applied to each of the tenant's namespaces.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quota: Option<TenantQuota>,
-
-    /// Delete a namespace when it leaves `namespaces` or the Tenant is deleted. Default false: namespaces
-    /// and their workloads stay, only Flotilla's access is removed.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub delete_namespaces_on_removal: bool,
-}
 
 /// An RBAC subject that administers the tenant's namespaces.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -33,7 +33,7 @@ impl AppIdentity {
         let namespace = app.metadata.namespace.clone()?;
         let uid = app.metadata.uid.clone()?;
         let owner = OwnerReference {
-            api_version: "flotilla.dev/v1alpha1".into(),
+            api_version: <App as kube::Resource>::api_version(&()).into_owned(),
             kind: "App".into(),
             name: name.clone(),
             uid,
@@ -76,7 +76,7 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
     let spec = &app.spec;
     let labels = names::labels(&id.name, &shape.version, shape.track);
     let port = spec.port.unwrap_or(names::DEFAULT_APP_PORT);
-    let strategy = match (&spec.strategy, shape.track) {
+    let strategy = match (spec.strategy(), shape.track) {
         (Some(Strategy { rolling: Some(r), .. }), Track::Stable) => Some(DeploymentStrategy {
             type_: Some("RollingUpdate".into()),
             rolling_update: Some(RollingUpdateDeployment {
@@ -96,7 +96,7 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
             },
             strategy,
             min_ready_seconds: spec.min_ready_seconds,
-            progress_deadline_seconds: spec.progress_deadline_seconds,
+            progress_deadline_seconds: spec.rollout.progress_deadline_seconds(),
             paused: shape.paused.then_some(true),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {

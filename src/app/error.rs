@@ -5,7 +5,7 @@ use std::time::Duration;
 /// A failed reconcile of one App, with the object it concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error("App {namespace}/{name} cannot be read as a v1alpha1 App: {source}")]
+    #[error("App {namespace}/{name} cannot be read as a v1beta1 App: {source}")]
     InvalidApp {
         namespace: String,
         name: String,

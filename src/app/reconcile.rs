@@ -352,7 +352,7 @@ pub(crate) async fn write_status(
     status: &crate::api::AppStatus,
 ) -> Result<(), ReconcileError> {
     let api: Api<App> = Api::namespaced(client.clone(), namespace);
-    let patch = serde_json::json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "status": status});
+    let patch = serde_json::json!({"apiVersion": App::api_version(&()), "kind": "App", "status": status});
     api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
         .map(|_| ())

@@ -1,6 +1,7 @@
 //! The `flotilla` command line.
 
 pub mod control;
+pub mod migrate;
 pub mod observe;
 pub mod shards;
 pub mod status;
@@ -22,6 +23,9 @@ pub enum Command {
     Run(RunArgs),
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
     Crd,
+    /// Rewrite every App and Tenant at the storage version (v1beta1), then drop older versions
+    /// from the CRDs' status.storedVersions. Run it once after upgrading to this release.
+    MigrateStorage(KubeconfigArgs),
     /// Show which replica holds which shard, since when, and how many namespaces and Apps each has.
     Shards(ShardsArgs),
     /// Show an App's rollout: phase, versions, canary step, measurements, history.
@@ -67,6 +71,13 @@ pub struct StatusArgs {
     /// Print the status again whenever the App changes, until Ctrl-C.
     #[arg(short = 'w', long)]
     pub watch: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct KubeconfigArgs {
+    /// Kubeconfig to use; default: in-cluster, then $KUBECONFIG, then ~/.kube/config.
+    #[arg(long, env = "FLOTILLA_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -119,6 +130,30 @@ pub struct RunArgs {
     /// for example http://prometheus.monitoring:9090.
     #[arg(long, env = "FLOTILLA_PROMETHEUS_URL")]
     pub prometheus_url: Option<String>,
+    /// Serve the conversion webhook of the CRDs (every replica does; turn it off only where
+    /// another installation of Flotilla serves it).
+    #[arg(long, env = "FLOTILLA_CONVERSION_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub conversion_webhook: bool,
+    /// Address of the conversion webhook (HTTPS). Replicas on one host may share it.
+    #[arg(long, env = "FLOTILLA_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+    /// URL the apiserver calls for conversions when it reaches the replicas directly, for
+    /// example https://127.0.0.1:9443/convert with a local control plane. Default: through
+    /// the flotilla-webhook Service in the operator's namespace.
+    #[arg(long, env = "FLOTILLA_WEBHOOK_URL", value_parser = parse_https_url)]
+    pub webhook_url: Option<String>,
+    /// Secret (in the operator's namespace) with the webhook certificate all replicas share;
+    /// created by the first replica when missing.
+    #[arg(long, env = "FLOTILLA_WEBHOOK_SECRET", default_value = "flotilla-webhook-cert")]
+    pub webhook_secret: String,
+}
+
+/// Accepts an https:// URL (the apiserver calls webhooks over TLS only).
+pub fn parse_https_url(s: &str) -> Result<String, String> {
+    match s.strip_prefix("https://") {
+        Some(rest) if !rest.is_empty() && !rest.contains(char::is_whitespace) => Ok(s.to_string()),
+        _ => Err(format!("{s:?} is not an https:// URL (the apiserver calls webhooks over TLS only)")),
+    }
 }
 
 /// Parses `500ms`, `6s` or `2m`.

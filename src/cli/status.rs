@@ -60,7 +60,7 @@ pub fn render_status(app: &App, now: Timestamp) -> String {
             ),
         );
     }
-    if app.spec.analysis.is_some() || status.analysis.is_some() {
+    if app.spec.analysis().is_some() || status.analysis.is_some() {
         analysis(&mut out, app, status.analysis.as_ref(), now);
     }
     if !status.history.is_empty() {
@@ -144,7 +144,7 @@ fn version(app: &App, status: &AppStatus) -> String {
 }
 
 fn strategy(app: &App) -> String {
-    let strategy = app.spec.strategy.as_ref();
+    let strategy = app.spec.strategy();
     let mut text = match strategy.map(|s| s.type_) {
         Some(StrategyType::Canary) => {
             let steps = strategy.and_then(|s| s.canary.as_ref()).map(|c| c.steps.as_slice()).unwrap_or_default();
@@ -173,7 +173,7 @@ fn strategy(app: &App) -> String {
             if bounds.is_empty() { "Rolling".to_string() } else { format!("Rolling ({})", bounds.join(", ")) }
         }
     };
-    if app.spec.auto_rollback == Some(false) {
+    if !app.spec.auto_rollback() {
         text.push_str("; autoRollback off");
     }
     text
@@ -235,7 +235,7 @@ fn request(app: &App, status: &AppStatus) -> Option<String> {
 }
 
 fn analysis(out: &mut Text, app: &App, status: Option<&AnalysisStatus>, now: Timestamp) {
-    let spec = app.spec.analysis.as_ref();
+    let spec = app.spec.analysis();
     let limit = spec.and_then(|a| a.failure_limit).unwrap_or(DEFAULT_FAILURE_LIMIT).max(1);
     let failures = status.map_or(0, |a| a.failures);
     let mut text = format!("failures {failures}/{limit}");
@@ -341,17 +341,19 @@ mod tests {
 
     fn canary_mid_step() -> App {
         app(json!({
-            "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
             "metadata": {"name": "checkout", "namespace": "shop", "generation": 4,
                          "annotations": {"flotilla.dev/action": "promote 1764488400123"}},
             "spec": {
                 "image": "registry.example.com/shop/checkout", "version": "1.5.0", "replicas": 4,
-                "strategy": {"type": "Canary", "canary": {"steps": [
-                    {"weight": 25, "pause": "1m"}, {"weight": 50, "pause": "2m"}, {"weight": 75}]}},
-                "analysis": {"interval": "30s", "failureLimit": 2, "metrics": [
-                    {"name": "error-rate", "query": "q", "max": 0.05},
-                    {"name": "rps", "query": "q", "min": 10.0},
-                    {"name": "latency-p99", "query": "q", "min": 0.1, "max": 0.5}]}
+                "rollout": {
+                    "strategy": {"type": "Canary", "canary": {"steps": [
+                        {"weight": 25, "pause": "1m"}, {"weight": 50, "pause": "2m"}, {"weight": 75}]}},
+                    "analysis": {"interval": "30s", "failureLimit": 2, "metrics": [
+                        {"name": "error-rate", "query": "q", "max": 0.05},
+                        {"name": "rps", "query": "q", "min": 10.0},
+                        {"name": "latency-p99", "query": "q", "min": 0.1, "max": 0.5}]}
+                }
             },
             "status": {
                 "observedGeneration": 4, "currentVersion": "1.4.2", "targetVersion": "1.5.0",
@@ -383,10 +385,10 @@ mod tests {
             })
             .collect();
         app(json!({
-            "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
             "metadata": {"name": "checkout", "namespace": "shop", "generation": 3},
             "spec": {"image": "registry.example.com/shop/checkout", "version": "1.5.0", "replicas": 3,
-                     "analysis": {"metrics": [{"name": "error-rate", "query": "q", "max": 0.05}]}},
+                     "rollout": {"analysis": {"metrics": [{"name": "error-rate", "query": "q", "max": 0.05}]}}},
             "status": {
                 "observedGeneration": 3, "currentVersion": "1.4.2", "targetVersion": "1.4.2",
                 "phase": "RolledBack", "ready": "3/3",
@@ -404,7 +406,7 @@ mod tests {
 
     fn healthy() -> App {
         app(json!({
-            "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
             "metadata": {"name": "web", "namespace": "shop", "generation": 1},
             "spec": {"image": "nginx", "version": "1.27"},
             "status": {
@@ -419,11 +421,11 @@ mod tests {
 
     fn new_and_paused() -> App {
         app(json!({
-            "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
             "metadata": {"name": "web", "namespace": "shop", "generation": 1,
                          "annotations": {"flotilla.dev/paused": "true", "flotilla.dev/action": "abort 7"}},
-            "spec": {"image": "nginx", "version": "1.27", "strategy": {"type": "Rolling", "rolling": {"maxSurge": "25%", "maxUnavailable": 0}},
-                     "autoRollback": false}
+            "spec": {"image": "nginx", "version": "1.27", "rollout": {"strategy": {"type": "Rolling", "rolling": {"maxSurge": "25%", "maxUnavailable": 0}},
+                     "autoRollback": false}}
         }))
     }
 

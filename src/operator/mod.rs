@@ -21,6 +21,7 @@ use crate::telemetry::Metrics;
 use crate::tenancy::OperatorIdentity;
 use crate::tenancy::controller::tenant_controller;
 use crate::tenancy::served::ServedChannels;
+use crate::webhook::WebhookSettings;
 use std::time::Duration;
 
 /// Settings of one replica, from the command line.
@@ -35,6 +36,8 @@ pub struct Settings {
     pub sharding: ShardSettings,
     /// Prometheus queried by Apps whose analysis names none.
     pub prometheus_url: Option<String>,
+    /// The conversion webhook this replica serves (`None`: none, for command-line clients).
+    pub webhook: Option<WebhookSettings>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +62,8 @@ pub enum OperatorError {
     Metrics(#[from] crate::telemetry::metrics::MetricsError),
     #[error("{0}")]
     Prometheus(#[from] crate::rollout::prometheus::ClientError),
+    #[error("{0}")]
+    Webhook(#[from] crate::webhook::WebhookError),
 }
 
 /// A client from an explicit kubeconfig, or in-cluster / $KUBECONFIG.
@@ -71,6 +76,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         identity: OperatorIdentity { namespace: String::new(), service_account: String::new() },
         sharding: ShardSettings::default(),
         prometheus_url: None,
+        webhook: None,
     };
     client(&settings).await
 }
@@ -130,13 +136,19 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         .map_err(|source| OperatorError::Admin { addr: settings.admin_addr, source })?;
     info!(%addr, replica = settings.replica_id, "admin server listening (/metrics, /healthz, /readyz)");
 
+    let mut tasks = Vec::new();
+    if let Some(webhook) = settings.webhook.clone() {
+        let (_, webhook_tasks) =
+            crate::webhook::start(client.clone(), webhook, metrics.clone(), stop_rx.clone()).await?;
+        tasks.extend(webhook_tasks);
+    }
+
     let reporter = Reporter { controller: "flotilla".into(), instance: Some(settings.replica_id.clone()) };
     let shared = Shared {
         reporter: reporter.clone(),
         metrics: metrics.clone(),
         analyzer: Analyzer::new(settings.prometheus_url.clone())?,
     };
-    let mut tasks = Vec::new();
     match &settings.namespace {
         // Single-namespace mode: the operator was given rights in this namespace directly.
         Some(ns) => {

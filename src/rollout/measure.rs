@@ -25,7 +25,7 @@ impl Analyzer {
     /// inconclusive (or invalid) measurement, which never lets a rollout advance.
     #[tracing::instrument(skip_all, fields(namespace = app.metadata.namespace.as_deref().unwrap_or_default(), app = app.metadata.name.as_deref().unwrap_or_default()))]
     pub async fn measure(&self, app: &App, stable_version: &str, metrics: &Metrics) -> Vec<Measurement> {
-        let Some(analysis) = app.spec.analysis.as_ref() else {
+        let Some(analysis) = app.spec.analysis() else {
             return Vec::new();
         };
         let url = analysis.prometheus_url.clone().or_else(|| self.default_url.clone());
@@ -42,7 +42,7 @@ impl Analyzer {
                 let outcome = match url {
                     Some(url) => self.client.query(&url, &query).await,
                     None => QueryOutcome::Invalid(
-                        "no Prometheus to ask: set spec.analysis.prometheusUrl or start the operator with --prometheus-url"
+                        "no Prometheus to ask: set spec.rollout.analysis.prometheusUrl or start the operator with --prometheus-url"
                             .into(),
                     ),
                 };

@@ -24,7 +24,7 @@ use super::replicas::{
     Readiness, canary_replicas, image_of, readiness, ready_replicas, stable_replicas, total_replicas,
 };
 use crate::api::conditions::{DesiredCondition, merge_conditions};
-use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED, HISTORY_LIMIT};
+use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED};
 use crate::api::{
     AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
     RolloutProgress, RolloutRecord, RolloutResult, StrategyType,
@@ -33,7 +33,6 @@ use crate::app::desired::{AppIdentity, DeploymentShape, deployment, fixed_replic
 use crate::app::names::{self, Track};
 use crate::app::status::replica_failure;
 
-pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: i32 = 600;
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_FAILURE_LIMIT: i32 = 2;
 /// Type of the condition that says whether the App serves its desired version with every replica.
@@ -52,35 +51,36 @@ pub struct Settings {
     pub interval: Duration,
     pub failure_limit: i32,
     pub auto_rollback: bool,
+    pub history_limit: usize,
 }
 
 impl Settings {
     pub fn of(app: &App) -> Result<Self, DurationError> {
         let spec = &app.spec;
-        let steps = spec.strategy.as_ref().and_then(|s| s.canary.as_ref()).map(|c| c.steps.clone()).unwrap_or_default();
-        let canary = spec.strategy.as_ref().is_some_and(|s| s.type_ == StrategyType::Canary) && !steps.is_empty();
+        let steps = spec.strategy().and_then(|s| s.canary.as_ref()).map(|c| c.steps.clone()).unwrap_or_default();
+        let canary = spec.strategy().is_some_and(|s| s.type_ == StrategyType::Canary) && !steps.is_empty();
         let mut pauses = Vec::with_capacity(steps.len());
         for step in &steps {
             pauses.push(match &step.pause {
-                Some(p) => duration::parse("spec.strategy.canary.steps[].pause", p)?,
+                Some(p) => duration::parse("spec.rollout.strategy.canary.steps[].pause", p)?,
                 None => Duration::ZERO,
             });
         }
-        let analysis = spec.analysis.as_ref();
+        let analysis = spec.analysis();
         let interval = match analysis.and_then(|a| a.interval.as_deref()) {
-            Some(i) => duration::parse("spec.analysis.interval", i)?.max(Duration::from_secs(1)),
+            Some(i) => duration::parse("spec.rollout.analysis.interval", i)?.max(Duration::from_secs(1)),
             None => DEFAULT_INTERVAL,
         };
-        let deadline = spec.progress_deadline_seconds.unwrap_or(DEFAULT_PROGRESS_DEADLINE_SECONDS).max(1);
         Ok(Self {
             canary,
             weights: steps.iter().map(|s| s.weight).collect(),
             pauses,
-            deadline: Duration::from_secs(u64::try_from(deadline).unwrap_or(600)),
+            deadline: spec.progress_deadline()?.max(Duration::from_secs(1)),
             analysis: analysis.is_some_and(|a| !a.metrics.is_empty()),
             interval,
             failure_limit: analysis.and_then(|a| a.failure_limit).unwrap_or(DEFAULT_FAILURE_LIMIT).max(1),
-            auto_rollback: spec.auto_rollback.unwrap_or(true),
+            auto_rollback: spec.auto_rollback(),
+            history_limit: spec.history_limit(),
         })
     }
 }
@@ -251,7 +251,7 @@ impl Planner<'_> {
 
     fn record(&mut self, version: String, result: RolloutResult, message: Option<String>) {
         self.status.history.insert(0, RolloutRecord { version, result, at: Time(self.now), message });
-        self.status.history.truncate(HISTORY_LIMIT);
+        self.status.history.truncate(self.settings.history_limit);
     }
 
     fn shape(&self, track: Track, version: &str, replicas: Option<i32>, paused: bool) -> DeploymentShape {
@@ -912,7 +912,7 @@ impl AnalysisStop {
             AnalysisStop::Invalid(why) => Outcome {
                 phase: AppPhase::Degraded,
                 reason: "QueryInvalid".into(),
-                message: format!("the rollout of {target} is stopped: fix spec.analysis: {why}"),
+                message: format!("the rollout of {target} is stopped: fix spec.rollout.analysis: {why}"),
             },
         }
     }

@@ -1,7 +1,7 @@
 //! Table and property tests of the planner: every transition, and the invariants.
 
 use super::*;
-use crate::api::{Analysis, AppSpec, CanaryStep, CanaryStrategy, MetricCheck, Strategy};
+use crate::api::{Analysis, AppSpec, CanaryStep, CanaryStrategy, MetricCheck, RolloutSpec, Strategy};
 use k8s_openapi::api::apps::v1::DeploymentStatus;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -20,18 +20,26 @@ fn canary_app(replicas: i32, weights: &[i32], analysis: bool) -> App {
             image: "example.com/web".into(),
             version: "2".into(),
             replicas: Some(replicas),
-            strategy: Some(Strategy {
-                type_: StrategyType::Canary,
-                rolling: None,
-                canary: Some(CanaryStrategy { steps }),
-            }),
-            analysis: analysis.then(|| Analysis {
-                interval: Some("10s".into()),
-                failure_limit: Some(2),
-                prometheus_url: None,
-                metrics: vec![MetricCheck { name: "error-rate".into(), query: "q".into(), max: Some(0.05), min: None }],
-            }),
-            progress_deadline_seconds: Some(60),
+            rollout: RolloutSpec {
+                strategy: Some(Strategy {
+                    type_: StrategyType::Canary,
+                    rolling: None,
+                    canary: Some(CanaryStrategy { steps }),
+                }),
+                analysis: analysis.then(|| Analysis {
+                    interval: Some("10s".into()),
+                    failure_limit: Some(2),
+                    prometheus_url: None,
+                    metrics: vec![MetricCheck {
+                        name: "error-rate".into(),
+                        query: "q".into(),
+                        max: Some(0.05),
+                        min: None,
+                    }],
+                }),
+                progress_deadline: Some("60s".into()),
+                ..RolloutSpec::default()
+            },
             ..AppSpec::default()
         },
     );
@@ -49,7 +57,7 @@ fn canary_app(replicas: i32, weights: &[i32], analysis: bool) -> App {
 
 fn rolling_app(analysis: bool) -> App {
     let mut app = canary_app(4, &[50], analysis);
-    app.spec.strategy = None;
+    app.spec.rollout.strategy = None;
     app
 }
 
@@ -313,7 +321,7 @@ fn a_canary_that_never_becomes_available_is_rolled_back_by_the_health_gate() {
 #[test]
 fn without_auto_rollback_a_failure_holds_the_rollout() {
     let mut app = canary_app(5, &[20], true);
-    app.spec.auto_rollback = Some(false);
+    app.spec.rollout.auto_rollback = Some(false);
     let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
     let fail = vec![measurement(MeasurementResult::Fail, Some(0.3))];
     let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(fail.clone()).plan(3));
@@ -518,7 +526,8 @@ proptest! {
 #[test]
 fn a_step_pause_counts_from_when_the_canary_is_available() {
     let mut app = canary_app(4, &[25, 50], false);
-    app.spec.strategy.as_mut().and_then(|s| s.canary.as_mut()).expect("canary").steps[0].pause = Some("10s".into());
+    app.spec.rollout.strategy.as_mut().and_then(|s| s.canary.as_mut()).expect("canary").steps[0].pause =
+        Some("10s".into());
     let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
     let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 1, 0).plan(30));
     let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).plan(50));
@@ -559,7 +568,7 @@ fn removing_steps_mid_rollout_does_not_promote() {
     if let Some(c) = app.status.as_mut().and_then(|s| s.canary.as_mut()) {
         c.step = 2;
     }
-    app.spec.strategy.as_mut().and_then(|s| s.canary.as_mut()).expect("canary").steps.truncate(2);
+    app.spec.rollout.strategy.as_mut().and_then(|s| s.canary.as_mut()).expect("canary").steps.truncate(2);
     let plan = Run::new(&app).stable("1", 1, 1).canary("2", 3, 0).plan(5);
     assert_eq!(plan.status.canary.as_ref().map(|c| (c.step, c.steps)), Some((1, 2)));
     assert_eq!(image(&plan.stable), "example.com/web:1");
@@ -568,7 +577,8 @@ fn removing_steps_mid_rollout_does_not_promote() {
 #[test]
 fn the_stable_deployment_does_not_grow_back_within_a_step() {
     let mut app = canary_app(4, &[50], false);
-    app.spec.strategy.as_mut().and_then(|s| s.canary.as_mut()).expect("canary").steps[0].pause = Some("1h".into());
+    app.spec.rollout.strategy.as_mut().and_then(|s| s.canary.as_mut()).expect("canary").steps[0].pause =
+        Some("1h".into());
     let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
     let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).plan(2));
     assert_eq!(app.status.as_ref().and_then(|s| s.canary.as_ref()).map(|c| c.stable_replicas), Some(2));

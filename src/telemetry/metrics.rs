@@ -25,6 +25,7 @@ pub struct Metrics {
     measurements: IntCounterVec,
     rollouts: IntCounterVec,
     rollbacks: IntCounterVec,
+    conversions: IntCounterVec,
     apps: AppIndex,
 }
 
@@ -102,11 +103,19 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let conversions = IntCounterVec::new(
+            Opts::new(
+                "flotilla_conversions_total",
+                "Objects the conversion webhook was asked to convert, by result (ok, error).",
+            ),
+            &["result"],
+        )?;
         let apps = AppIndex::default();
         registry.register(Box::new(AppCollector::new(apps.clone())?))?;
         registry.register(Box::new(measurements.clone()))?;
         registry.register(Box::new(rollouts.clone()))?;
         registry.register(Box::new(rollbacks.clone()))?;
+        registry.register(Box::new(conversions.clone()))?;
         registry.register(Box::new(shards_held.clone()))?;
         registry.register(Box::new(lease_events.clone()))?;
         registry.register(Box::new(seconds_since_renew.clone()))?;
@@ -141,6 +150,9 @@ impl Metrics {
         for reason in ["AnalysisFailed", "ProgressDeadlineExceeded", "Aborted"] {
             rollbacks.with_label_values(&[reason]);
         }
+        for result in ["ok", "error"] {
+            conversions.with_label_values(&[result]);
+        }
         Ok(Self {
             registry,
             reconciles,
@@ -156,6 +168,7 @@ impl Metrics {
             measurements,
             rollouts,
             rollbacks,
+            conversions,
             apps,
         })
     }
@@ -184,6 +197,12 @@ impl Metrics {
         if let Some(reason) = reason {
             self.rollbacks.with_label_values(&[reason]).inc();
         }
+    }
+
+    /// The conversion webhook answered a review of `objects` objects.
+    pub fn converted(&self, objects: usize, ok: bool) {
+        let n = u64::try_from(objects).unwrap_or(u64::MAX);
+        self.conversions.with_label_values(&[if ok { "ok" } else { "error" }]).inc_by(n);
     }
 
     pub fn drift_corrected(&self, kind: &str) {

@@ -300,7 +300,7 @@ mod tests {
                 quota: Some(TenantQuota {
                     hard: BTreeMap::from([("pods".to_string(), crate::api::tenant::NonNegativeQuantity("10".into()))]),
                 }),
-                delete_namespaces_on_removal: false,
+                namespace_removal_policy: Default::default(),
             },
         );
         t.metadata.generation = Some(2);

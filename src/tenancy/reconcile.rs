@@ -9,6 +9,8 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
+
+use crate::api::NamespaceRemovalPolicy;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
@@ -205,7 +207,7 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
             .any(|n| matches!(n.state, NamespaceState::Conflict | NamespaceState::Error | NamespaceState::Offboarding));
     if tenant.status.as_ref() != Some(&status) {
         let api: Api<Tenant> = Api::all(ctx.client.clone());
-        let patch = serde_json::json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "status": status});
+        let patch = serde_json::json!({"apiVersion": Tenant::api_version(&()), "kind": "Tenant", "status": status});
         api.patch_status(&me, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
             .await
             .map_err(|source| TenantError::Status { name: me.clone(), source })?;
@@ -216,7 +218,7 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
 }
 
 fn offboarded_message(tenant: &Tenant) -> String {
-    if tenant.spec.delete_namespaces_on_removal {
+    if tenant.spec.namespace_removal_policy == NamespaceRemovalPolicy::Delete {
         "offboarded: Flotilla's access was removed and the namespace deleted (deleteNamespacesOnRemoval)".into()
     } else {
         "offboarded: Flotilla's access was removed; the namespace and its workloads were left in place".into()
@@ -294,7 +296,7 @@ async fn offboard_namespace(
     delete(&bindings, ADMIN_BINDING, "RoleBinding").await?;
     let quotas: Api<ResourceQuota> = Api::namespaced(ctx.client.clone(), ns);
     delete(&quotas, QUOTA, "ResourceQuota").await?;
-    if tenant.spec.delete_namespaces_on_removal && label.as_deref() == Some(me.as_str()) {
+    if tenant.spec.namespace_removal_policy == NamespaceRemovalPolicy::Delete && label.as_deref() == Some(me.as_str()) {
         delete(&namespaces, ns, "Namespace").await?;
     }
     info!(tenant = me, namespace = ns, "offboarded namespace");

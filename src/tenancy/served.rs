@@ -174,7 +174,12 @@ mod tests {
     fn tenant(states: &[(&str, NamespaceState)]) -> Tenant {
         let mut t = Tenant::new(
             "t",
-            TenantSpec { namespaces: vec![], admins: vec![], quota: None, delete_namespaces_on_removal: false },
+            TenantSpec {
+                namespaces: vec![],
+                admins: vec![],
+                quota: None,
+                namespace_removal_policy: Default::default(),
+            },
         );
         t.status = Some(TenantStatus {
             namespaces: states

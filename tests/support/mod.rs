@@ -82,10 +82,24 @@ pub async fn admin_client() -> Client {
 }
 
 /// Installs the CRDs (server-side apply, so every test binary can do it) and waits until
-/// they are established.
+/// they are established. Their conversion webhook is the in-cluster Service, which does not
+/// exist here: these tests read and write `v1beta1` only, which needs no conversion.
 pub async fn install_crds(client: &Client) {
+    install_crds_converted_by(client, None).await
+}
+
+/// Installs the CRDs with their conversion webhook at `url` (`None`: as shipped).
+pub async fn install_crds_converted_by(client: &Client, url: Option<&str>) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in flotilla::api::crds() {
+    for mut crd in flotilla::api::crds().expect("the CRDs") {
+        if let Some(url) = url {
+            crd.spec.conversion = Some(flotilla::api::crds::conversion(
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig {
+                    url: Some(url.to_string()),
+                    ..Default::default()
+                },
+            ));
+        }
         let name = crd.metadata.name.clone().expect("crd name");
         crds.patch(&name, &PatchParams::apply("flotilla-tests").force(), &Patch::Apply(&crd))
             .await
@@ -191,7 +205,12 @@ impl Operator {
     /// Starts `flotilla run` serving only `namespace` (single-namespace mode, admin
     /// credentials), and waits until it is ready.
     pub async fn start(namespace: &str) -> Self {
-        Self::start_with(kubeconfig(), &["--namespace", namespace], &format!("e2e-{namespace}")).await
+        Self::start_with(
+            kubeconfig(),
+            &["--namespace", namespace, "--conversion-webhook=false"],
+            &format!("e2e-{namespace}"),
+        )
+        .await
     }
 
     /// Starts `flotilla run` with the given kubeconfig and extra arguments, and waits until it
@@ -205,9 +224,14 @@ impl Operator {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("flotilla-e2e-{id}.log"));
         let log_file = std::fs::File::create(&log).expect("operator log file");
+        // The conversion webhook listens on a port of its own unless the test says where: only
+        // the conversion tests call it.
+        let webhook: &[&str] =
+            if args.iter().any(|a| a.starts_with("--webhook-addr")) { &[] } else { &["--webhook-addr", "127.0.0.1:0"] };
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .arg("run")
             .args(args)
+            .args(webhook)
             .args(["--admin-addr", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -344,7 +368,7 @@ pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
 pub async fn onboarded_healthy_app(client: &Client, namespace: &str, app: &str) {
     use flotilla::api::{App, AppPhase, NamespaceState, Tenant};
     let tenant: Tenant = serde_json::from_value(serde_json::json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": namespace},
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "Tenant", "metadata": {"name": namespace},
         "spec": {"namespaces": [namespace]},
     }))
     .expect("tenant");
@@ -356,7 +380,7 @@ pub async fn onboarded_healthy_app(client: &Client, namespace: &str, app: &str) 
     })
     .await;
     let object: App = serde_json::from_value(serde_json::json!({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "App", "metadata": {"name": app, "namespace": namespace},
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": app, "namespace": namespace},
         "spec": {"image": format!("registry.example.com/tests/{app}"), "version": "1", "replicas": 1},
     }))
     .expect("app");

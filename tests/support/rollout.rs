@@ -74,7 +74,7 @@ impl Rig {
         fields.entry("image").or_insert(json!(format!("registry.example.com/tests/{name}")));
         fields.entry("version").or_insert(json!("1"));
         let app: App = serde_json::from_value(json!({
-            "apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
             "metadata": {"name": name, "namespace": self.ns.name},
             "spec": spec,
         }))
