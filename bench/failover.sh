@@ -39,7 +39,7 @@ bash hack/operator-kubeconfig.sh "$CLUSTER" "$WORK/op.kubeconfig"
 
 start_replica() {
   local id=$1 port=$2
-  "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$port" --replica-id "$id" >"$WORK/$id.log" 2>&1 &
+  "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$port" --webhook-addr 127.0.0.1:0 --replica-id "$id" >"$WORK/$id.log" 2>&1 &
   PIDS[$id]=$!
   disown "$!"
   until curl -fs "127.0.0.1:$port/readyz" >/dev/null 2>&1; do sleep 0.1; done
@@ -56,7 +56,7 @@ wait_until() { until "$@"; do sleep 0.1; done; }
 
 ns_list=$(seq -f "bench-%02g" 0 $((NAMESPACES - 1)) | paste -sd, -)
 kubectl apply -f - >/dev/null <<YAML
-apiVersion: flotilla.dev/v1alpha1
+apiVersion: flotilla.dev/v1beta1
 kind: Tenant
 metadata: {name: bench}
 spec: {namespaces: [$ns_list]}
@@ -66,7 +66,7 @@ wait_until balanced r0 r1 r2
 kubectl wait --for=condition=Ready tenant/bench --timeout=120s >/dev/null
 for ns in ${ns_list//,/ }; do
   kubectl -n "$ns" apply -f - >/dev/null <<YAML
-apiVersion: flotilla.dev/v1alpha1
+apiVersion: flotilla.dev/v1beta1
 kind: App
 metadata: {name: web}
 spec: {image: registry.example.com/bench/web, version: "v0", replicas: 1}

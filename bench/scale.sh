@@ -77,7 +77,7 @@ YAML
       else
         cat >>"$WORK/$prefix/$ns.yaml" <<YAML
 ---
-apiVersion: flotilla.dev/v1alpha1
+apiVersion: flotilla.dev/v1beta1
 kind: App
 metadata: {name: app-$i, namespace: $ns}
 spec: {image: registry.example.com/bench/app, version: "1", replicas: $POD_REPLICAS}
@@ -105,7 +105,7 @@ kubectl apply -f deploy/base/namespace.yaml >/dev/null
 kubectl apply -k rbac >/dev/null
 bash hack/operator-kubeconfig.sh "$CLUSTER" "$WORK/op.kubeconfig"
 for i in 0 1 2; do
-  "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --replica-id "scale-$i" \
+  "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" \
     >"$WORK/scale-$i.log" 2>&1 &
   PIDS+=($!)
 done
@@ -122,7 +122,7 @@ tenants=$(( (NAMESPACES + 99) / 100 ))
 for t in $(seq 0 $((tenants - 1))); do
   first=$((t * 100)); last=$(( (t + 1) * 100 - 1 )); [ "$last" -ge "$NAMESPACES" ] && last=$((NAMESPACES - 1))
   list=$(seq -f "scale-%04g" "$first" "$last" | paste -sd, -)
-  printf 'apiVersion: flotilla.dev/v1alpha1\nkind: Tenant\nmetadata: {name: scale-%02d}\nspec: {namespaces: [%s]}\n' "$t" "$list" \
+  printf 'apiVersion: flotilla.dev/v1beta1\nkind: Tenant\nmetadata: {name: scale-%02d}\nspec: {namespaces: [%s]}\n' "$t" "$list" \
     | kubectl apply -f - >/dev/null
 done
 until [ "$(kubectl get tenants -o jsonpath='{range .items[*]}{.status.namespaces[*].state}{" "}{end}' | tr ' ' '\n' | grep -c '^Onboarded$')" -ge "$NAMESPACES" ]; do

@@ -17,6 +17,7 @@ REPLICAS=${FLOTILLA_REPLICAS:-3}
 export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
 
 PROM_PORT=${FLOTILLA_DEMO_PROMETHEUS_PORT:-9490}
+WEBHOOK_PORT=${FLOTILLA_DEMO_WEBHOOK_PORT:-9443}
 EXPORTER_PORT=${FLOTILLA_DEMO_EXPORTER_PORT:-9470}
 
 stop_operators() {
@@ -96,7 +97,9 @@ done
 curl -fs "127.0.0.1:$PROM_PORT/-/ready" >/dev/null || { echo "error: Prometheus did not start; see $DEMO/prometheus.log" >&2; exit 1; }
 
 for i in $(seq 0 $((REPLICAS - 1))); do
+  # Every replica serves the CRDs' conversion webhook on the same port (SO_REUSEPORT).
   nohup "$BIN" run --kubeconfig "$DEMO/operator.kubeconfig" --admin-addr "127.0.0.1:$((9460 + i))" \
+    --webhook-addr "127.0.0.1:$WEBHOOK_PORT" --webhook-url "https://127.0.0.1:$WEBHOOK_PORT/convert" \
     --replica-id "flotilla-$i" --prometheus-url "http://127.0.0.1:$PROM_PORT" >"$DEMO/operator-$i.log" 2>&1 &
   echo $! >"$DEMO/operator-$i.pid"
 done
@@ -160,4 +163,5 @@ echo "Try:"
 echo "   kubectl -n demo patch app checkout --type=merge -p '{\"spec\":{\"version\":\"1.4.3\"}}'   # unknown to the exporter: no data, the rollout pauses"
 echo "   $BIN promote checkout -n demo --full    # or: abort, retry, pause, resume"
 echo "   kill -9 \$(cat $DEMO/operator-0.pid)   # its shards move to the other replicas within seconds"
+echo "   kubectl -n demo get apps.v1alpha1.flotilla.dev checkout -o yaml   # the old API version, converted by the replicas (deprecated)"
 echo "   bash hack/demo.sh down"

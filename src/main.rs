@@ -133,6 +133,7 @@ fn main() -> ExitCode {
             }
         }),
         Command::Run(args) => {
+            let args = *args;
             if args.renew_deadline + std::time::Duration::from_secs(1) > args.lease_duration {
                 eprintln!(
                     "error: --renew-deadline ({:?}) must be at least 1s shorter than --lease-duration ({:?}): a replica must stop working in a shard before a peer may take it",

@@ -152,6 +152,13 @@ async fn invalid_apps_are_refused_with_the_field_named() {
             with(json!({"rollout": {"progressDeadline": "1s"}})),
             "spec.rollout.progressDeadline",
         ),
+        (
+            "progress deadline too long",
+            "deadline2",
+            with(json!({"rollout": {"progressDeadline": "2h"}})),
+            "spec.rollout.progressDeadline",
+        ),
+        ("history limit zero", "history", with(json!({"rollout": {"historyLimit": 0}})), "spec.rollout.historyLimit"),
         ("name too long for derived objects", &long_name, ok.clone(), "metadata.name"),
         ("name not a DNS-1035 label", "1app", ok.clone(), "metadata.name"),
     ];

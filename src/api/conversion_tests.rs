@@ -71,17 +71,11 @@ fn deadline_text() -> impl Strategy<Value = String> {
     ]
 }
 
-fn common() -> impl Strategy<
-    Value = (
-        String,
-        String,
-        Option<i32>,
-        Option<Autoscaling>,
-        Option<i32>,
-        Option<i32>,
-        Option<BTreeMap<String, String>>,
-    ),
-> {
+/// image, version, replicas, autoscaling, port, minReadySeconds, podAnnotations.
+type Common =
+    (String, String, Option<i32>, Option<Autoscaling>, Option<i32>, Option<i32>, Option<BTreeMap<String, String>>);
+
+fn common() -> impl Strategy<Value = Common> {
     (
         "[a-z]{1,6}(/[a-z]{1,6})?",
         "[0-9]\\.[0-9]{1,2}",

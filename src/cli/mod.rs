@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run one operator replica.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
     Crd,
     /// Rewrite every App and Tenant at the storage version (v1beta1), then drop older versions
