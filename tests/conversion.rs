@@ -148,6 +148,31 @@ async fn each_version_reads_the_other_and_both_reconcile_alike() {
     assert_eq!(new_alpha.spec.strategy, new.spec.rollout.strategy);
     assert_eq!(alpha.get("old").await.expect("v1alpha1 read back").spec, new_alpha.spec, "same spec either way");
 
+    // Server-side apply across versions: the apiserver converts the managed field sets of
+    // both versions, partial objects without the required fields, through the webhook.
+    let (ok, out) = kubectl_try(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &write_temp("old-ssa.yaml", &old.replace("replicas: 2", "replicas: 3")),
+    ]);
+    assert!(ok, "server-side apply as v1alpha1: {out}");
+    let beta_manifest = format!(
+        "apiVersion: flotilla.dev/v1beta1\nkind: App\nmetadata: {{name: old, namespace: {}}}\n\
+         spec:\n  image: registry.example.com/tests/web\n  version: \"1\"\n  replicas: 2\n\
+         \x20 rollout: {{progressDeadline: 120s, strategy: {{type: Canary, canary: {{steps: [{{weight: 50, pause: 1m}}]}}}}}}\n",
+        ns.name
+    );
+    let (ok, out) = kubectl_try(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        &write_temp("old-beta.yaml", &beta_manifest),
+    ]);
+    assert!(ok, "server-side apply as v1beta1 over a v1alpha1 manager: {out}");
+    assert_eq!(alpha.get("old").await.expect("read as v1alpha1").spec.replicas, Some(2));
+
     // Reconciled alike: same Deployment apart from the names.
     healthy(&apps, "old").await;
     healthy(&apps, "new").await;
@@ -273,13 +298,19 @@ async fn the_webhook_survives_a_lost_replica_and_refuses_malformed_requests() {
     let bad = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
         "request": {"uid": "u-1", "desiredAPIVersion": "flotilla.dev/v1beta1",
                     "objects": [{"apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
-                                 "metadata": {"name": "x"}, "spec": {"image": 7}}]}});
+                                 "metadata": {"name": "x"}, "spec": {"progressDeadlineSeconds": "soon"}}]}});
     let (code, body) = post(&bad.to_string());
     assert_eq!(code, "200");
     let review: Value = serde_json::from_str(&body).expect("a ConversionReview");
     assert_eq!(review["response"]["uid"], "u-1");
     assert_eq!(review["response"]["result"]["status"], "Failure", "{body}");
-    assert!(review["response"]["result"]["message"].as_str().unwrap_or("").contains("spec cannot be read"), "{body}");
+    assert!(
+        review["response"]["result"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("spec.progressDeadlineSeconds must be an integer"),
+        "{body}"
+    );
 
     assert!(survivor.child.try_wait().expect("replica state").is_none(), "the replica still runs");
     assert_eq!(alpha.list(&ListParams::default()).await.expect("v1alpha1 read").items.len(), 3);

@@ -68,7 +68,7 @@ pub struct AppStatus {
     /// The last `flotilla.dev/action` request acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handled_action: Option<String>,
-    /// The latest finished rollouts, newest first (at most 10).
+    /// The latest finished rollouts, newest first (at most `spec.rollout.historyLimit`, default 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<RolloutRecord>,
     /// Conditions: `Ready` says whether the desired version serves with all its replicas.

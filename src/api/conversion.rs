@@ -3,18 +3,24 @@
 //! `v1beta1` can say two things `v1alpha1` cannot: a progress deadline in any unit (`10m`,
 //! `1500ms`) and `spec.rollout.historyLimit`. When an object goes down to `v1alpha1`, those
 //! are kept in the annotation [`ANNOTATION_V1BETA1_FIELDS`]; on the way back up they are
-//! restored from it (the deadline only if the `v1alpha1` object still asks for the same number
-//! of seconds) and the annotation is removed. So `v1alpha1 -> v1beta1 -> v1alpha1` and
-//! `v1beta1 -> v1alpha1 -> v1beta1` give back the object they started from, as Kubernetes asks
-//! of conversions. Status has the same shape in both versions and passes through untouched.
+//! restored from it (only values `v1beta1` accepts, and the deadline only if the `v1alpha1`
+//! object still asks for the same number of seconds) and the annotation is removed. So
+//! `v1alpha1 -> v1beta1 -> v1alpha1` and `v1beta1 -> v1alpha1 -> v1beta1` give back the object
+//! they started from, as Kubernetes asks of conversions.
+//!
+//! The conversion moves and renames keys of the JSON object and leaves everything else as it
+//! is: the apiserver also converts partial objects (the field sets of server-side apply, where
+//! required fields may be missing), and status, which has the same shape in both versions,
+//! passes through untouched.
 
 use kube::core::Status;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use super::{GROUP, v1alpha1, v1beta1};
+use super::{GROUP, v1beta1};
 
 /// Annotation on a `v1alpha1` object holding, as JSON, the `v1beta1` fields it cannot hold.
 pub const ANNOTATION_V1BETA1_FIELDS: &str = "flotilla.dev/v1beta1-fields";
@@ -29,7 +35,10 @@ struct V1beta1Fields {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     progress_deadline: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    history_limit: Option<i32>,
+    history_limit: Option<i64>,
+    /// `spec.rollout: {}`, which `v1alpha1` has no place for.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    empty_rollout: bool,
 }
 
 /// Why an object could not be converted; the message goes back to the apiserver, which shows it
@@ -42,15 +51,8 @@ pub enum ConversionError {
     UnknownVersion { index: usize, name: String, kind: String, api_version: String },
     #[error("desired API version {0:?} is not one this operator converts to")]
     UnknownDesiredVersion(String),
-    #[error("object {index} ({name}): spec cannot be read as {api_version} {kind}: {source}")]
-    Spec {
-        index: usize,
-        name: String,
-        kind: String,
-        api_version: String,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error("object {index} ({name}) as {api_version} {kind}: {problem}")]
+    Field { index: usize, name: String, kind: String, api_version: String, problem: FieldError },
     #[error("object {index} ({name}): metadata.annotations must be a map of strings: {source}")]
     Annotations {
         index: usize,
@@ -60,96 +62,155 @@ pub enum ConversionError {
     },
 }
 
-/// Seconds `v1alpha1` asks for, for a `v1beta1` deadline.
-fn deadline_seconds(text: &str) -> i32 {
-    v1beta1::RolloutSpec { progress_deadline: Some(text.to_string()), ..Default::default() }
-        .progress_deadline_seconds()
-        .unwrap_or(i32::MAX)
+/// A field of the wrong type, which the conversion cannot move.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{field} must be {expected}")]
+pub struct FieldError {
+    pub field: &'static str,
+    pub expected: &'static str,
+}
+
+fn wrong(field: &'static str, expected: &'static str) -> FieldError {
+    FieldError { field, expected }
+}
+
+/// Keys that move between `v1alpha1` `spec` and `v1beta1` `spec.rollout` unchanged.
+const ROLLOUT_KEYS: [&str; 3] = ["strategy", "analysis", "autoRollback"];
+const DEADLINE_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(10)..=Duration::from_secs(3600);
+const HISTORY_RANGE: std::ops::RangeInclusive<i64> = 1..=50;
+
+/// Whole seconds of a `v1beta1` deadline, rounded up (`None` when it cannot be read).
+fn deadline_seconds(text: &str) -> Option<i64> {
+    let d = humantime::parse_duration(text).ok()?;
+    i64::try_from(d.as_secs() + u64::from(d.subsec_nanos() > 0)).ok()
+}
+
+/// A deadline `v1beta1` accepts (the CRD's rule: a duration from 10s to 1h).
+fn valid_deadline(text: &str) -> bool {
+    text.len() <= 32
+        && text.bytes().all(|b| b.is_ascii_alphanumeric())
+        && humantime::parse_duration(text).is_ok_and(|d| DEADLINE_RANGE.contains(&d))
+}
+
+fn object_of<'a>(value: &'a mut Value, field: &'static str) -> Result<Option<&'a mut Map<String, Value>>, FieldError> {
+    match value {
+        Value::Null => Ok(None),
+        Value::Object(map) => Ok(Some(map)),
+        _ => Err(wrong(field, "an object")),
+    }
 }
 
 /// `v1alpha1` App spec to `v1beta1`, restoring fields kept in the annotation (which is removed).
-pub fn app_spec_to_v1beta1(spec: v1alpha1::AppSpec, annotations: &mut Annotations) -> v1beta1::AppSpec {
+pub fn app_spec_to_v1beta1(spec: &mut Map<String, Value>, annotations: &mut Annotations) -> Result<(), FieldError> {
     let kept: V1beta1Fields = annotations
         .remove(ANNOTATION_V1BETA1_FIELDS)
         .and_then(|text| serde_json::from_str(&text).ok())
         .unwrap_or_default();
-    let progress_deadline = spec.progress_deadline_seconds.map(|seconds| {
-        match kept.progress_deadline.filter(|text| deadline_seconds(text) == seconds) {
-            Some(text) => text,
-            None => format!("{seconds}s"),
+    let mut rollout = match spec.remove("rollout") {
+        Some(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    for key in ROLLOUT_KEYS {
+        if let Some(value) = spec.remove(key) {
+            rollout.insert(key.into(), value);
         }
-    });
-    v1beta1::AppSpec {
-        image: spec.image,
-        version: spec.version,
-        replicas: spec.replicas,
-        autoscaling: spec.autoscaling,
-        port: spec.port,
-        min_ready_seconds: spec.min_ready_seconds,
-        pod_annotations: spec.pod_annotations,
-        rollout: v1beta1::RolloutSpec {
-            strategy: spec.strategy,
-            analysis: spec.analysis,
-            auto_rollback: spec.auto_rollback,
-            progress_deadline,
-            history_limit: kept.history_limit,
-        },
     }
+    match spec.remove("progressDeadlineSeconds") {
+        None => {}
+        Some(Value::Null) => {
+            rollout.insert("progressDeadline".into(), Value::Null);
+        }
+        Some(Value::Number(n)) => {
+            let seconds = n.as_i64().ok_or_else(|| wrong("spec.progressDeadlineSeconds", "an integer"))?;
+            let text = kept
+                .progress_deadline
+                .filter(|text| valid_deadline(text) && deadline_seconds(text) == Some(seconds))
+                .unwrap_or_else(|| format!("{seconds}s"));
+            rollout.insert("progressDeadline".into(), Value::String(text));
+        }
+        Some(_) => return Err(wrong("spec.progressDeadlineSeconds", "an integer")),
+    }
+    if let Some(limit) = kept.history_limit.filter(|n| HISTORY_RANGE.contains(n)) {
+        rollout.insert("historyLimit".into(), Value::from(limit));
+    }
+    if !rollout.is_empty() || kept.empty_rollout {
+        spec.insert("rollout".into(), Value::Object(rollout));
+    }
+    Ok(())
 }
 
 /// `v1beta1` App spec to `v1alpha1`, keeping what `v1alpha1` cannot say in the annotation.
-pub fn app_spec_to_v1alpha1(spec: v1beta1::AppSpec, annotations: &mut Annotations) -> v1alpha1::AppSpec {
-    let seconds = spec.rollout.progress_deadline_seconds();
-    let rollout = spec.rollout;
-    let kept = V1beta1Fields {
-        progress_deadline: rollout
-            .progress_deadline
-            .filter(|text| seconds.map(|s| format!("{s}s")).as_ref() != Some(text)),
-        history_limit: rollout.history_limit,
-    };
+pub fn app_spec_to_v1alpha1(spec: &mut Map<String, Value>, annotations: &mut Annotations) -> Result<(), FieldError> {
+    let mut kept = V1beta1Fields::default();
+    let mut rollout = spec.remove("rollout").unwrap_or(Value::Null);
+    if let Some(rollout) = object_of(&mut rollout, "spec.rollout")? {
+        kept.empty_rollout = rollout.is_empty();
+        for key in ROLLOUT_KEYS {
+            if let Some(value) = rollout.remove(key) {
+                spec.insert(key.into(), value);
+            }
+        }
+        match rollout.remove("progressDeadline") {
+            None => {}
+            Some(Value::Null) => {
+                spec.insert("progressDeadlineSeconds".into(), Value::Null);
+            }
+            Some(Value::String(text)) => {
+                // The CRD refuses deadlines it cannot read; should one be stored, v1alpha1
+                // shows the default.
+                let seconds = deadline_seconds(&text).unwrap_or(v1beta1::DEFAULT_PROGRESS_DEADLINE.as_secs() as i64);
+                if text != format!("{seconds}s") {
+                    kept.progress_deadline = Some(text);
+                }
+                spec.insert("progressDeadlineSeconds".into(), Value::from(seconds));
+            }
+            Some(_) => return Err(wrong("spec.rollout.progressDeadline", "a duration string")),
+        }
+        match rollout.remove("historyLimit") {
+            None | Some(Value::Null) => {}
+            Some(Value::Number(n)) => {
+                kept.history_limit = Some(n.as_i64().ok_or_else(|| wrong("spec.rollout.historyLimit", "an integer"))?);
+            }
+            Some(_) => return Err(wrong("spec.rollout.historyLimit", "an integer")),
+        }
+    }
     annotations.remove(ANNOTATION_V1BETA1_FIELDS);
     if kept != V1beta1Fields::default()
         && let Ok(text) = serde_json::to_string(&kept)
     {
         annotations.insert(ANNOTATION_V1BETA1_FIELDS.to_string(), text);
     }
-    v1alpha1::AppSpec {
-        image: spec.image,
-        version: spec.version,
-        replicas: spec.replicas,
-        autoscaling: spec.autoscaling,
-        port: spec.port,
-        min_ready_seconds: spec.min_ready_seconds,
-        pod_annotations: spec.pod_annotations,
-        strategy: rollout.strategy,
-        analysis: rollout.analysis,
-        auto_rollback: rollout.auto_rollback,
-        progress_deadline_seconds: seconds,
-    }
+    Ok(())
 }
 
-/// `v1alpha1` Tenant spec to `v1beta1`.
-pub fn tenant_spec_to_v1beta1(spec: v1alpha1::TenantSpec) -> v1beta1::TenantSpec {
-    v1beta1::TenantSpec {
-        namespaces: spec.namespaces,
-        admins: spec.admins,
-        quota: spec.quota,
-        namespace_removal_policy: if spec.delete_namespaces_on_removal {
-            v1beta1::NamespaceRemovalPolicy::Delete
-        } else {
-            v1beta1::NamespaceRemovalPolicy::Retain
-        },
+/// `v1alpha1` Tenant spec to `v1beta1`: `deleteNamespacesOnRemoval` becomes `namespaceRemovalPolicy`.
+pub fn tenant_spec_to_v1beta1(spec: &mut Map<String, Value>) -> Result<(), FieldError> {
+    match spec.remove("deleteNamespacesOnRemoval") {
+        None => {}
+        Some(Value::Null) => {
+            spec.insert("namespaceRemovalPolicy".into(), Value::Null);
+        }
+        Some(Value::Bool(delete)) => {
+            spec.insert("namespaceRemovalPolicy".into(), Value::from(if delete { "Delete" } else { "Retain" }));
+        }
+        Some(_) => return Err(wrong("spec.deleteNamespacesOnRemoval", "true or false")),
     }
+    Ok(())
 }
 
 /// `v1beta1` Tenant spec to `v1alpha1`.
-pub fn tenant_spec_to_v1alpha1(spec: v1beta1::TenantSpec) -> v1alpha1::TenantSpec {
-    v1alpha1::TenantSpec {
-        namespaces: spec.namespaces,
-        admins: spec.admins,
-        quota: spec.quota,
-        delete_namespaces_on_removal: spec.namespace_removal_policy == v1beta1::NamespaceRemovalPolicy::Delete,
+pub fn tenant_spec_to_v1alpha1(spec: &mut Map<String, Value>) -> Result<(), FieldError> {
+    match spec.remove("namespaceRemovalPolicy") {
+        None => {}
+        Some(Value::Null) => {
+            spec.insert("deleteNamespacesOnRemoval".into(), Value::Null);
+        }
+        Some(Value::String(policy)) if policy == "Delete" || policy == "Retain" => {
+            spec.insert("deleteNamespacesOnRemoval".into(), Value::Bool(policy == "Delete"));
+        }
+        Some(_) => return Err(wrong("spec.namespaceRemovalPolicy", "Retain or Delete")),
     }
+    Ok(())
 }
 
 /// The two versions, by their `apiVersion`.
@@ -191,6 +252,25 @@ pub fn convert_object(index: usize, mut object: Value, desired_api_version: &str
     if from == desired {
         return Ok(object);
     }
+    object["apiVersion"] = Value::String(desired_api_version.to_string());
+    let field_error = |problem| ConversionError::Field {
+        index,
+        name: name.clone(),
+        kind: kind.clone(),
+        api_version: api_version.clone(),
+        problem,
+    };
+    let Some(spec) =
+        object.get_mut("spec").map(|spec| object_of(spec, "spec")).transpose().map_err(field_error)?.flatten()
+    else {
+        // No spec (a partial object): nothing else to move.
+        return Ok(object);
+    };
+    match (kind.as_str(), desired) {
+        ("Tenant", Version::V1beta1) => return tenant_spec_to_v1beta1(spec).map(|()| object).map_err(field_error),
+        ("Tenant", Version::V1alpha1) => return tenant_spec_to_v1alpha1(spec).map(|()| object).map_err(field_error),
+        _ => {}
+    }
     let mut annotations: Annotations = match object.pointer("/metadata/annotations") {
         None | Some(Value::Null) => Annotations::new(),
         Some(value) => serde_json::from_value(value.clone()).map_err(|source| ConversionError::Annotations {
@@ -199,33 +279,12 @@ pub fn convert_object(index: usize, mut object: Value, desired_api_version: &str
             source,
         })?,
     };
-    let spec = object.get("spec").cloned().unwrap_or(Value::Null);
-    let spec_error = |source| ConversionError::Spec {
-        index,
-        name: name.clone(),
-        kind: kind.clone(),
-        api_version: api_version.clone(),
-        source,
-    };
-    let converted = match (kind.as_str(), desired) {
-        ("App", Version::V1beta1) => serde_json::to_value(app_spec_to_v1beta1(
-            serde_json::from_value(spec).map_err(spec_error)?,
-            &mut annotations,
-        )),
-        ("App", Version::V1alpha1) => serde_json::to_value(app_spec_to_v1alpha1(
-            serde_json::from_value(spec).map_err(spec_error)?,
-            &mut annotations,
-        )),
-        (_, Version::V1beta1) => {
-            serde_json::to_value(tenant_spec_to_v1beta1(serde_json::from_value(spec).map_err(spec_error)?))
-        }
-        (_, Version::V1alpha1) => {
-            serde_json::to_value(tenant_spec_to_v1alpha1(serde_json::from_value(spec).map_err(spec_error)?))
-        }
+    let spec = object.get_mut("spec").and_then(Value::as_object_mut);
+    match (spec, desired) {
+        (Some(spec), Version::V1beta1) => app_spec_to_v1beta1(spec, &mut annotations).map_err(field_error)?,
+        (Some(spec), Version::V1alpha1) => app_spec_to_v1alpha1(spec, &mut annotations).map_err(field_error)?,
+        (None, _) => {}
     }
-    .map_err(spec_error)?;
-    object["apiVersion"] = Value::String(desired_api_version.to_string());
-    object["spec"] = converted;
     if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         if annotations.is_empty() {
             metadata.remove("annotations");

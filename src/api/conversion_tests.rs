@@ -5,6 +5,7 @@ use crate::api::rollout::{
     Analysis, CanaryStep, CanaryStrategy, MetricCheck, RollingStrategy, Strategy as Rollout, StrategyType,
 };
 use crate::api::tenant::{NonNegativeQuantity, Subject, SubjectKind, TenantQuota};
+use crate::api::v1alpha1;
 use crate::api::{Autoscaling, NamespaceRemovalPolicy};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::collection::{btree_map, vec};
@@ -198,112 +199,155 @@ fn object(api_version: &str, kind: &str, spec: Value, annotations: &Annotations)
 const ALPHA: &str = "flotilla.dev/v1alpha1";
 const BETA: &str = "flotilla.dev/v1beta1";
 
+fn convert(object: &Value, to: &str) -> Value {
+    convert_object(0, object.clone(), to).expect("converts")
+}
+
+/// `spec` with only the keys (and `rollout` keys) whose bit is set in `mask`: the partial
+/// objects the apiserver converts for server-side apply.
+fn partial(spec: Value, mask: u32) -> Value {
+    let mut bit = 0;
+    let mut keep = |_: &String, _: &mut Value| {
+        bit += 1;
+        mask & (1 << (bit % 32)) != 0
+    };
+    let mut spec = spec;
+    if let Some(map) = spec.as_object_mut() {
+        map.retain(&mut keep);
+        for key in ["rollout"] {
+            if let Some(inner) = map.get_mut(key).and_then(Value::as_object_mut) {
+                inner.retain(&mut keep);
+            }
+        }
+    }
+    spec
+}
+
 proptest! {
     #[test]
     fn app_v1beta1_to_v1alpha1_and_back_is_identity(spec in beta_app(), annotations in annotations()) {
-        let mut a = annotations.clone();
-        let alpha = app_spec_to_v1alpha1(spec.clone(), &mut a);
-        let back = app_spec_to_v1beta1(alpha, &mut a);
-        prop_assert_eq!(back, spec);
-        prop_assert_eq!(a, annotations);
+        let start = object(BETA, "App", serde_json::to_value(&spec).unwrap(), &annotations);
+        let down = convert(&start, ALPHA);
+        prop_assert_eq!(&down["status"], &start["status"]);
+        prop_assert!(serde_json::from_value::<v1alpha1::App>(down.clone()).is_ok(), "a valid v1alpha1 App: {}", down);
+        prop_assert_eq!(convert(&down, BETA), start);
     }
 
     #[test]
     fn app_v1alpha1_to_v1beta1_and_back_is_identity(spec in alpha_app(), annotations in annotations()) {
-        let mut a = annotations.clone();
-        let beta = app_spec_to_v1beta1(spec.clone(), &mut a);
-        let back = app_spec_to_v1alpha1(beta, &mut a);
-        prop_assert_eq!(back, spec);
-        prop_assert_eq!(a, annotations);
+        let start = object(ALPHA, "App", serde_json::to_value(&spec).unwrap(), &annotations);
+        let up = convert(&start, BETA);
+        prop_assert!(serde_json::from_value::<v1beta1::App>(up.clone()).is_ok(), "a valid v1beta1 App: {}", up);
+        prop_assert_eq!(convert(&up, ALPHA), start);
     }
 
     /// A `v1alpha1` object that carries `v1beta1`-only fields in the annotation (as every
-    /// `v1alpha1` read of such an object does) survives the trip up and down too.
+    /// `v1alpha1` read of such an object does) survives the trip up and down too, and the
+    /// `v1beta1` object keeps no conversion annotation.
     #[test]
     fn app_v1alpha1_with_kept_fields_round_trips(spec in beta_app(), annotations in annotations()) {
-        let mut a = annotations;
-        let alpha = app_spec_to_v1alpha1(spec, &mut a);
-        let alpha_annotations = a.clone();
-        let beta = app_spec_to_v1beta1(alpha.clone(), &mut a);
-        prop_assert!(!a.contains_key(ANNOTATION_V1BETA1_FIELDS), "the v1beta1 object keeps no conversion annotation");
-        prop_assert_eq!(app_spec_to_v1alpha1(beta, &mut a), alpha);
-        prop_assert_eq!(a, alpha_annotations);
+        let alpha = convert(&object(BETA, "App", serde_json::to_value(&spec).unwrap(), &annotations), ALPHA);
+        let up = convert(&alpha, BETA);
+        prop_assert!(up["metadata"]["annotations"].get(ANNOTATION_V1BETA1_FIELDS).is_none());
+        prop_assert_eq!(convert(&up, ALPHA), alpha);
     }
 
-    /// The same through whole objects and JSON, as the webhook sees them: status and metadata
-    /// other than annotations come back byte for byte.
+    /// Partial objects (any subset of the spec's keys) convert without error and round trip.
     #[test]
-    fn app_objects_round_trip_both_ways(beta in beta_app(), alpha in alpha_app(), annotations in annotations()) {
-        let start = object(BETA, "App", serde_json::to_value(&beta).unwrap(), &annotations);
-        let down = convert_object(0, start.clone(), ALPHA).unwrap();
-        prop_assert_eq!(&down["status"], &start["status"]);
-        prop_assert_eq!(convert_object(0, down, BETA).unwrap(), start);
-
-        let start = object(ALPHA, "App", serde_json::to_value(&alpha).unwrap(), &annotations);
-        let up = convert_object(0, start.clone(), BETA).unwrap();
-        prop_assert_eq!(convert_object(0, up, ALPHA).unwrap(), start);
+    fn partial_objects_round_trip(beta in beta_app(), alpha in alpha_app(), mask in any::<u32>()) {
+        let start = object(BETA, "App", partial(serde_json::to_value(&beta).unwrap(), mask), &Annotations::new());
+        prop_assert_eq!(convert(&convert(&start, ALPHA), BETA), start);
+        let start = object(ALPHA, "App", partial(serde_json::to_value(&alpha).unwrap(), mask), &Annotations::new());
+        prop_assert_eq!(convert(&convert(&start, BETA), ALPHA), start);
     }
 
     #[test]
-    fn tenants_round_trip_both_ways(beta in beta_tenant(), alpha in alpha_tenant(), annotations in annotations()) {
-        prop_assert_eq!(tenant_spec_to_v1beta1(tenant_spec_to_v1alpha1(beta.clone())), beta.clone());
-        prop_assert_eq!(tenant_spec_to_v1alpha1(tenant_spec_to_v1beta1(alpha.clone())), alpha.clone());
-        let start = object(BETA, "Tenant", serde_json::to_value(&beta).unwrap(), &annotations);
-        let down = convert_object(0, start.clone(), ALPHA).unwrap();
-        prop_assert_eq!(convert_object(0, down, BETA).unwrap(), start);
-        let start = object(ALPHA, "Tenant", serde_json::to_value(&alpha).unwrap(), &annotations);
-        let up = convert_object(0, start.clone(), BETA).unwrap();
-        prop_assert_eq!(convert_object(0, up, ALPHA).unwrap(), start);
+    fn tenants_round_trip_both_ways(beta in beta_tenant(), alpha in alpha_tenant(), annotations in annotations(), mask in any::<u32>()) {
+        for spec in [serde_json::to_value(&beta).unwrap(), partial(serde_json::to_value(&beta).unwrap(), mask)] {
+            let start = object(BETA, "Tenant", spec, &annotations);
+            let down = convert(&start, ALPHA);
+            prop_assert_eq!(convert(&down, BETA), start);
+        }
+        for spec in [serde_json::to_value(&alpha).unwrap(), partial(serde_json::to_value(&alpha).unwrap(), mask)] {
+            let start = object(ALPHA, "Tenant", spec, &annotations);
+            let up = convert(&start, BETA);
+            prop_assert_eq!(convert(&up, ALPHA), start);
+        }
     }
+}
+
+fn app(version: &str, spec: Value, annotations: &Annotations) -> Value {
+    object(version, "App", spec, annotations)
+}
+
+fn kept_annotation(object: &Value) -> Option<&str> {
+    object["metadata"]["annotations"].get(ANNOTATION_V1BETA1_FIELDS).and_then(Value::as_str)
 }
 
 #[test]
 fn v1beta1_only_fields_go_into_the_annotation() {
-    let spec: v1beta1::AppSpec = serde_json::from_value(json!({
-        "image": "registry.example.com/web", "version": "2",
-        "rollout": {"progressDeadline": "1500ms", "historyLimit": 20, "autoRollback": false},
-    }))
-    .unwrap();
-    let mut annotations = Annotations::new();
-    let alpha = app_spec_to_v1alpha1(spec, &mut annotations);
-    assert_eq!(alpha.progress_deadline_seconds, Some(2), "rounded up");
-    assert_eq!(alpha.auto_rollback, Some(false));
-    assert_eq!(annotations[ANNOTATION_V1BETA1_FIELDS], r#"{"progressDeadline":"1500ms","historyLimit":20}"#);
+    let beta = app(
+        BETA,
+        json!({"image": "registry.example.com/web", "version": "2",
+               "rollout": {"progressDeadline": "1500ms", "historyLimit": 20, "autoRollback": false}}),
+        &Annotations::new(),
+    );
+    let alpha = convert(&beta, ALPHA);
+    assert_eq!(
+        alpha["spec"],
+        json!({"image": "registry.example.com/web", "version": "2", "autoRollback": false, "progressDeadlineSeconds": 2})
+    );
+    assert_eq!(kept_annotation(&alpha), Some(r#"{"progressDeadline":"1500ms","historyLimit":20}"#));
 
     // A deadline v1alpha1 says exactly needs no annotation.
-    let spec: v1beta1::AppSpec = serde_json::from_value(json!({
-        "image": "web", "version": "2", "rollout": {"progressDeadline": "90s"},
-    }))
-    .unwrap();
-    let mut annotations = Annotations::new();
-    assert_eq!(app_spec_to_v1alpha1(spec, &mut annotations).progress_deadline_seconds, Some(90));
-    assert!(annotations.is_empty());
+    let beta =
+        app(BETA, json!({"image": "web", "version": "2", "rollout": {"progressDeadline": "90s"}}), &Annotations::new());
+    let alpha = convert(&beta, ALPHA);
+    assert_eq!(alpha["spec"]["progressDeadlineSeconds"], 90);
+    assert!(alpha["metadata"].get("annotations").is_none());
+}
+
+fn with_kept(text: &str) -> Annotations {
+    Annotations::from([(ANNOTATION_V1BETA1_FIELDS.to_string(), text.to_string())])
 }
 
 #[test]
 fn a_changed_v1alpha1_deadline_wins_over_the_kept_one() {
-    let alpha: v1alpha1::AppSpec =
-        serde_json::from_value(json!({"image": "web", "version": "2", "progressDeadlineSeconds": 120})).unwrap();
-    let mut annotations = Annotations::from([(
-        ANNOTATION_V1BETA1_FIELDS.to_string(),
-        r#"{"progressDeadline":"10m","historyLimit":3}"#.to_string(),
-    )]);
-    let beta = app_spec_to_v1beta1(alpha, &mut annotations);
-    assert_eq!(beta.rollout.progress_deadline.as_deref(), Some("120s"));
-    assert_eq!(beta.rollout.history_limit, Some(3));
-    assert!(annotations.is_empty());
+    let alpha = app(
+        ALPHA,
+        json!({"image": "web", "version": "2", "progressDeadlineSeconds": 120}),
+        &with_kept(r#"{"progressDeadline":"10m","historyLimit":3}"#),
+    );
+    let beta = convert(&alpha, BETA);
+    assert_eq!(beta["spec"]["rollout"], json!({"progressDeadline": "120s", "historyLimit": 3}));
+    assert!(beta["metadata"].get("annotations").is_none());
+}
+
+/// The apiserver validates a v1alpha1 write against the v1alpha1 schema only: values in the
+/// annotation that v1beta1 would refuse are not restored.
+#[test]
+fn kept_values_v1beta1_would_refuse_are_dropped() {
+    for kept in [
+        r#"{"progressDeadline":"garbage","historyLimit":100000}"#,
+        r#"{"progressDeadline":"5h","historyLimit":0}"#,
+        "not json",
+    ] {
+        let alpha =
+            app(ALPHA, json!({"image": "web", "version": "2", "progressDeadlineSeconds": 600}), &with_kept(kept));
+        let beta = convert(&alpha, BETA);
+        assert_eq!(beta["spec"]["rollout"], json!({"progressDeadline": "600s"}), "{kept}");
+    }
 }
 
 #[test]
 fn v1alpha1_rollout_fields_move_under_spec_rollout() {
-    let start = object(
+    let start = app(
         ALPHA,
-        "App",
         json!({"image": "web", "version": "2", "strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10}]}},
                "progressDeadlineSeconds": 600}),
         &Annotations::new(),
     );
-    let beta = convert_object(0, start, BETA).unwrap();
+    let beta = convert(&start, BETA);
     assert_eq!(beta["apiVersion"], BETA);
     assert_eq!(
         beta["spec"],
@@ -311,6 +355,22 @@ fn v1alpha1_rollout_fields_move_under_spec_rollout() {
             "strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10}]}}, "progressDeadline": "600s"}})
     );
     assert!(beta["metadata"].get("annotations").is_none());
+}
+
+#[test]
+fn tenant_removal_policy_and_partial_objects() {
+    let tenant = |version: &str, spec: Value| object(version, "Tenant", spec, &Annotations::new());
+    let beta = convert(&tenant(ALPHA, json!({"namespaces": ["a"], "deleteNamespacesOnRemoval": false})), BETA);
+    assert_eq!(beta["spec"], json!({"namespaces": ["a"], "namespaceRemovalPolicy": "Retain"}));
+    let alpha = convert(&tenant(BETA, json!({"namespaceRemovalPolicy": "Delete"})), ALPHA);
+    assert_eq!(alpha["spec"], json!({"deleteNamespacesOnRemoval": true}));
+    // No spec at all, or an empty one: only the apiVersion changes.
+    let mut bare = app(ALPHA, json!({}), &Annotations::new());
+    bare.as_object_mut().unwrap().remove("spec");
+    let converted = convert(&bare, BETA);
+    assert_eq!(converted["apiVersion"], BETA);
+    assert!(converted.get("spec").is_none());
+    assert_eq!(convert(&app(ALPHA, json!({}), &Annotations::new()), BETA)["spec"], json!({}));
 }
 
 fn review_of(objects: Vec<Value>, desired: &str) -> ConversionReview {
@@ -340,9 +400,9 @@ fn malformed_requests_get_a_failure_that_says_why() {
             "desired API version \"flotilla.dev/v2\"",
         ),
         (
-            vec![app(json!({"image": "web", "version": "1"})), app(json!({"image": 7, "version": "1"}))],
+            vec![app(json!({"image": "web", "version": "1"})), app(json!({"progressDeadlineSeconds": "soon"}))],
             BETA,
-            "object 1 (web): spec cannot be read as flotilla.dev/v1alpha1 App",
+            "object 1 (web) as flotilla.dev/v1alpha1 App: spec.progressDeadlineSeconds must be an integer",
         ),
         (
             vec![json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}})],
@@ -350,7 +410,17 @@ fn malformed_requests_get_a_failure_that_says_why() {
             "apps/v1 is not a version",
         ),
         (vec![json!({"apiVersion": ALPHA, "kind": "Secret", "metadata": {"name": "s"}})], BETA, "flotilla.dev/Secret"),
-        (vec![app(json!(null))], BETA, "spec cannot be read"),
+        (vec![app(json!("text"))], BETA, "spec must be an object"),
+        (
+            vec![object(BETA, "App", json!({"rollout": {"progressDeadline": 5}}), &Annotations::new())],
+            ALPHA,
+            "spec.rollout.progressDeadline must be a duration string",
+        ),
+        (
+            vec![object(BETA, "Tenant", json!({"namespaceRemovalPolicy": "Shred"}), &Annotations::new())],
+            ALPHA,
+            "spec.namespaceRemovalPolicy must be Retain or Delete",
+        ),
     ];
     for (objects, desired, want) in cases {
         let message = failure_of(review(review_of(objects, desired)));
@@ -378,4 +448,20 @@ fn a_good_review_converts_every_object_and_echoes_the_uid() {
     assert_eq!(response.result.status, Some(kube::core::response::StatusSummary::Success));
     assert_eq!(response.converted_objects.len(), 2);
     assert!(response.converted_objects.iter().all(|o| o["apiVersion"] == BETA));
+}
+
+#[test]
+fn nulls_and_an_empty_rollout_survive_round_trips() {
+    let cases = [
+        (BETA, "App", json!({"rollout": {}})),
+        (BETA, "App", json!({"rollout": {"progressDeadline": null}})),
+        (ALPHA, "App", json!({"progressDeadlineSeconds": null})),
+        (BETA, "Tenant", json!({"namespaceRemovalPolicy": null})),
+        (ALPHA, "Tenant", json!({"deleteNamespacesOnRemoval": null})),
+    ];
+    for (version, kind, spec) in cases {
+        let start = object(version, kind, spec, &Annotations::new());
+        let other = if version == BETA { ALPHA } else { BETA };
+        assert_eq!(convert(&convert(&start, other), version), start, "{version} {kind}");
+    }
 }

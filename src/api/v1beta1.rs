@@ -147,13 +147,9 @@ impl AppSpec {
         }
     }
 
-    /// How many finished rollouts `status.history` keeps.
+    /// How many finished rollouts `status.history` keeps (within the schema's 1..=50).
     pub fn history_limit(&self) -> usize {
-        self.rollout
-            .history_limit
-            .and_then(|n| usize::try_from(n).ok())
-            .filter(|n| *n > 0)
-            .unwrap_or(DEFAULT_HISTORY_LIMIT)
+        self.rollout.history_limit.and_then(|n| usize::try_from(n.clamp(1, 50)).ok()).unwrap_or(DEFAULT_HISTORY_LIMIT)
     }
 }
 

@@ -12,6 +12,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
+use std::time::Duration;
 
 use crate::api::{App, STORAGE_VERSION, Tenant};
 
@@ -70,6 +71,26 @@ pub async fn migrate_storage(client: Client, mut progress: impl FnMut(String)) -
     Ok(done)
 }
 
+/// Rewrites one object; `false` when it no longer exists. Conflicts, throttling and server
+/// errors are retried (5 tries, 0.2 s doubling).
+async fn rewrite_one(api: &Api<DynamicObject>, name: &str, params: &PatchParams) -> Result<bool, kube::Error> {
+    let mut wait = Duration::from_millis(200);
+    for attempt in 1.. {
+        match api.patch(name, params, &Patch::Merge(json!({}))).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+            Err(kube::Error::Api(status))
+                if attempt < 5 && (status.code == 409 || status.code == 429 || status.code >= 500) =>
+            {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
 async fn migrate_one(
     client: &Client,
     resource: &ApiResource,
@@ -97,16 +118,15 @@ async fn migrate_one(
                 Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
                 None => Api::all_with(client.clone(), resource),
             };
-            match scoped.patch(&name, &rewrite, &Patch::Merge(json!({}))).await {
-                Ok(_) => {}
+            match rewrite_one(&scoped, &name, &rewrite).await {
+                Ok(true) => objects += 1,
                 // Deleted since the list: nothing left to rewrite.
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Ok(false) => {}
                 Err(source) => {
                     let object = namespace.map_or(name.clone(), |ns| format!("{ns}/{name}"));
                     return Err(MigrateError::Rewrite { crd: crd_name, object, source });
                 }
             }
-            objects += 1;
         }
         progress(format!("{crd_name}: {objects} rewritten at {STORAGE_VERSION}"));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {

@@ -219,7 +219,7 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
 
 fn offboarded_message(tenant: &Tenant) -> String {
     if tenant.spec.namespace_removal_policy == NamespaceRemovalPolicy::Delete {
-        "offboarded: Flotilla's access was removed and the namespace deleted (deleteNamespacesOnRemoval)".into()
+        "offboarded: Flotilla's access was removed and the namespace deleted (namespaceRemovalPolicy: Delete)".into()
     } else {
         "offboarded: Flotilla's access was removed; the namespace and its workloads were left in place".into()
     }

@@ -14,11 +14,13 @@ use crate::api::crds::WEBHOOK_SERVICE;
 /// Years the generated certificate is valid.
 const VALID_YEARS: i32 = 10;
 
-/// A PEM certificate and its PEM private key.
+/// A PEM certificate, its PEM private key, and the PEM CA the apiserver should trust (the
+/// certificate itself when it is self-signed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertPair {
     pub cert_pem: String,
     pub key_pem: String,
+    pub ca_pem: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,17 +76,23 @@ pub fn generate(names: &[String]) -> Result<CertPair, rcgen::Error> {
     params.not_after = rcgen::date_time_ymd(year + VALID_YEARS, 1, 1);
     let key = rcgen::KeyPair::generate()?;
     let cert = params.self_signed(&key)?;
-    Ok(CertPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    let cert_pem = cert.pem();
+    Ok(CertPair { ca_pem: cert_pem.clone(), cert_pem, key_pem: key.serialize_pem() })
 }
 
 fn from_secret(secret: &Secret) -> Option<CertPair> {
     let data = secret.data.as_ref()?;
     let text = |key: &str| data.get(key).and_then(|b| String::from_utf8(b.0.clone()).ok()).filter(|s| !s.is_empty());
-    Some(CertPair { cert_pem: text("tls.crt")?, key_pem: text("tls.key")? })
+    let cert_pem = text("tls.crt")?;
+    // A Secret from cert-manager names its issuer in ca.crt.
+    let ca_pem = text("ca.crt").unwrap_or_else(|| cert_pem.clone());
+    Some(CertPair { cert_pem, key_pem: text("tls.key")?, ca_pem })
 }
 
 /// The certificate every replica serves: read from the Secret, or generated and stored there
 /// by whichever replica comes first (the others read the winner's on a create conflict).
+/// Called again every minute, so that a Secret replaced by a person or cert-manager (or
+/// deleted, then recreated by one replica) is picked up by all of them.
 pub async fn shared(client: &Client, namespace: &str, name: &str, names: &[String]) -> Result<CertPair, CertError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let read = |source| CertError::Read { namespace: namespace.to_string(), name: name.to_string(), source };

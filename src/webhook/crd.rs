@@ -1,5 +1,5 @@
 //! Keeps the CRDs' `spec.conversion` pointing at this webhook with the shared certificate as
-//! `caBundle`: at start, and again whenever an install or a person changed it. Every replica
+//! `caBundle`: at start, and again whenever an install, a person or a new certificate changed it. Every replica
 //! does this with the same values, so they never disagree; nothing is written while the CRDs
 //! are already right.
 
@@ -7,10 +7,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, ServiceReference, WebhookClientConfig,
 };
-use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::api::crds::{WEBHOOK_PATH, WEBHOOK_SERVICE, conversion};
@@ -59,35 +57,24 @@ pub fn patch(target: &Target) -> serde_json::Value {
     json!({"spec": {"conversion": {"strategy": "Webhook", "webhook": {"conversionReviewVersions": ["v1"], "clientConfig": config}}}})
 }
 
-/// Checks the CRDs every `every` until `shutdown`, patching those that do not point at `target`.
-pub async fn keep_pointing(
-    client: Client,
-    target: Target,
-    every: Duration,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client);
-    loop {
-        for name in CRD_NAMES {
-            match crds.get_opt(name).await {
-                Ok(Some(crd)) if needs_patch(&crd, &target) => {
-                    match crds.patch(name, &PatchParams::default(), &Patch::Merge(patch(&target))).await {
-                        Ok(_) => info!(
-                            crd = name,
-                            url = target.url.as_deref().unwrap_or("(Service)"),
-                            "pointed the CRD's conversion at this webhook"
-                        ),
-                        Err(e) => warn!(crd = name, error = %e, "could not set the CRD's conversion webhook; retrying"),
-                    }
+/// Patches those of the CRDs that do not point at `target`; logs what it cannot do (the next
+/// check tries again).
+pub async fn point(crds: &Api<CustomResourceDefinition>, target: &Target) {
+    for name in CRD_NAMES {
+        match crds.get_opt(name).await {
+            Ok(Some(crd)) if needs_patch(&crd, target) => {
+                match crds.patch(name, &PatchParams::default(), &Patch::Merge(patch(target))).await {
+                    Ok(_) => info!(
+                        crd = name,
+                        url = target.url.as_deref().unwrap_or("(Service)"),
+                        "pointed the CRD's conversion at this webhook"
+                    ),
+                    Err(e) => warn!(crd = name, error = %e, "could not set the CRD's conversion webhook; retrying"),
                 }
-                Ok(Some(_)) => {}
-                Ok(None) => warn!(crd = name, "CRD not installed: install crds/flotilla.dev.yaml"),
-                Err(e) => warn!(crd = name, error = %e, "could not read the CRD to check its conversion webhook"),
             }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
+            Ok(Some(_)) => {}
+            Ok(None) => warn!(crd = name, "CRD not installed: install crds/flotilla.dev.yaml"),
+            Err(e) => warn!(crd = name, error = %e, "could not read the CRD to check its conversion webhook"),
         }
     }
 }

@@ -5,10 +5,15 @@ pub mod cert;
 pub mod crd;
 pub mod server;
 
+use axum_server::tls_rustls::RustlsConfig;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
+use kube::api::Api;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tracing::info;
+use tracing::{info, warn};
+
+use cert::CertPair;
 
 use crate::telemetry::Metrics;
 
@@ -40,8 +45,8 @@ pub enum WebhookError {
     },
 }
 
-/// Loads (or creates) the shared certificate, starts serving, and keeps the CRDs pointing at
-/// the webhook with its CA until `shutdown`. Returns once the server listens.
+/// Loads (or creates) the shared certificate, starts serving, and keeps the certificate and
+/// the CRDs' conversion settings current until `shutdown`. Returns once the server listens.
 pub async fn start(
     client: Client,
     settings: WebhookSettings,
@@ -50,12 +55,50 @@ pub async fn start(
 ) -> Result<(SocketAddr, Vec<tokio::task::JoinHandle<()>>), WebhookError> {
     let names = cert::names(&settings.namespace, settings.url.as_deref());
     let pair = cert::shared(&client, &settings.namespace, &settings.secret, &names).await?;
-    let (addr, server) = server::serve(settings.addr, &pair, metrics, shutdown.clone())
+    let (addr, tls, server) = server::serve(settings.addr, &pair, metrics, shutdown.clone())
         .await
         .map_err(|source| WebhookError::Serve { addr: settings.addr, source })?;
     info!(%addr, url = settings.url.as_deref().unwrap_or("(through the flotilla-webhook Service)"), "conversion webhook listening");
-    let target =
-        crd::Target { ca_pem: pair.cert_pem.clone(), url: settings.url.clone(), namespace: settings.namespace.clone() };
-    let keeper = tokio::spawn(crd::keep_pointing(client, target, settings.check_every, shutdown));
+    let keeper = tokio::spawn(keep_current(client, settings, names, pair, tls, shutdown));
     Ok((addr, vec![server, keeper]))
+}
+
+/// Every `check_every`: the certificate in the Secret (reloaded when it changed) and the CRDs
+/// pointing at this webhook with it.
+async fn keep_current(
+    client: Client,
+    settings: WebhookSettings,
+    names: Vec<String>,
+    mut current: CertPair,
+    tls: RustlsConfig,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    loop {
+        let target = crd::Target {
+            ca_pem: current.ca_pem.clone(),
+            url: settings.url.clone(),
+            namespace: settings.namespace.clone(),
+        };
+        crd::point(&crds, &target).await;
+        tokio::select! {
+            _ = tokio::time::sleep(settings.check_every) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        match cert::shared(&client, &settings.namespace, &settings.secret, &names).await {
+            Ok(pair) if pair != current => {
+                match tls.reload_from_pem(pair.cert_pem.clone().into_bytes(), pair.key_pem.clone().into_bytes()).await {
+                    Ok(()) => {
+                        info!(secret = settings.secret, "the webhook certificate changed; serving the new one");
+                        current = pair;
+                    }
+                    Err(e) => {
+                        warn!(secret = settings.secret, error = %e, "the new webhook certificate cannot be used; keeping the old one")
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "could not read the webhook certificate; keeping the one in use"),
+        }
+    }
 }

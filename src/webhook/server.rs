@@ -41,31 +41,29 @@ async fn convert(State(metrics): State<Metrics>, Json(request): Json<ConversionR
     Json(answer)
 }
 
-/// Starts serving `POST /convert` on `addr` with `pair`; stops when `shutdown` turns true.
+/// Starts serving `POST /convert` on `addr` with `pair`. On `shutdown` it stops accepting and
+/// lets conversions under way finish (5 s at most). The returned config reloads the certificate.
 pub async fn serve(
     addr: SocketAddr,
     pair: &CertPair,
     metrics: Metrics,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+) -> std::io::Result<(SocketAddr, RustlsConfig, tokio::task::JoinHandle<()>)> {
     let config = RustlsConfig::from_pem(pair.cert_pem.clone().into_bytes(), pair.key_pem.clone().into_bytes()).await?;
     let listener = listener(addr)?;
     let bound = listener.local_addr()?;
     let app =
         Router::new().route(WEBHOOK_PATH, post(convert)).layer(DefaultBodyLimit::max(BODY_LIMIT)).with_state(metrics);
     let handle = axum_server::Handle::new();
-    let server = axum_server::from_tcp_rustls(listener, config)?.handle(handle.clone());
+    let server = axum_server::from_tcp_rustls(listener, config.clone())?.handle(handle.clone());
+    tokio::spawn(async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+        handle.graceful_shutdown(Some(Duration::from_secs(5)));
+    });
     let task = tokio::spawn(async move {
-        tokio::select! {
-            result = server.serve(app.into_make_service()) => {
-                if let Err(e) = result {
-                    tracing::error!(error = %e, "conversion webhook stopped");
-                }
-            }
-            _ = shutdown.wait_for(|s| *s) => {
-                handle.graceful_shutdown(Some(Duration::from_secs(5)));
-            }
+        if let Err(e) = server.serve(app.into_make_service()).await {
+            tracing::error!(error = %e, "conversion webhook stopped");
         }
     });
-    Ok((bound, task))
+    Ok((bound, config, task))
 }
