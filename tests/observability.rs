@@ -107,11 +107,21 @@ async fn prometheus_scrapes_the_operator_and_every_query_returns_data() {
     let mut failures = Vec::new();
     let queries = dashboard_queries();
     assert!(queries.len() >= 8, "dashboards/ has its panels");
+    // A series appears with the first scrape after the state it reports (a measurement, say),
+    // so each query gets a few scrape intervals to return data.
     for (panel, expr) in &queries {
-        let v = prometheus.query(expr).await;
-        let empty = v["data"]["result"].as_array().is_none_or(|r| r.is_empty());
-        if v["status"] != "success" || empty {
-            failures.push(format!("{panel}: {expr} -> {v}"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let v = prometheus.query(expr).await;
+            let empty = v["data"]["result"].as_array().is_none_or(|r| r.is_empty());
+            if v["status"] == "success" && !empty {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                failures.push(format!("{panel}: {expr} -> {v}"));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
     let (_, rules) = http_get(&prom, "/api/v1/rules").await.expect("rules");
