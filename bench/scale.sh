@@ -130,6 +130,7 @@ until [ "$(kubectl get tenants -o jsonpath='{range .items[*]}{.status.namespaces
 done
 make_files scale App
 echo ">> creating $APPS Apps"
+conv_from=$(wc -l <"$AUDIT")
 t0=$(now); start=$(date +%s)
 create_all scale
 converged() {
@@ -138,6 +139,7 @@ converged() {
 }
 until converged; do sleep 1; done
 flotilla=$(since "$t0"); converged_at=$(date +%s)
+conv_to=$(wc -l <"$AUDIT")
 echo "   every App has its Deployment and a current Healthy status after ${flotilla}s"
 
 echo ">> idle for ${IDLE}s: writes by the operator in tenant namespaces"
@@ -213,6 +215,36 @@ echo "| Flotilla: every App has its Deployment and current status | ${flotilla}s
 echo "| ratio Flotilla / bare client | ${ratio}x | <= 1.3x |"
 echo "| writes by the operator in ${IDLE} idle seconds | $idle_writes | 0 |"
 echo "| one changed App reconciled (p50 / p99 over $CHANGES) | ${p50}s / ${p99}s | p99 <= 1 s |"
+echo
+echo "Writes by the operator in the tenant namespaces per App, until every App converged (audit"
+echo "log; the bare client writes one object per Deployment; the controller-manager's writes"
+echo "for the Deployments are the same in both runs):"
+echo
+writes() { # $1 $2: audit line range, $3: prefix of the namespaces, $4: objects created
+  sed -n "$(( $1 + 1 )),$2p" "$AUDIT" | python3 -c '
+import collections, json, sys
+prefix, objects = sys.argv[1], int(sys.argv[2])
+counts = collections.Counter()
+for line in sys.stdin:
+    e = json.loads(line)
+    ref = e.get("objectRef", {})
+    if e.get("stage") != "ResponseComplete" or e.get("verb") not in ("create", "update", "patch", "delete"):
+        continue
+    if not ref.get("namespace", "").startswith(prefix):
+        continue
+    agent = e.get("userAgent", "")
+    who = "flotilla" if agent.startswith("flotilla/") else agent.split("/")[0]
+    what = ref.get("resource", "") + ("/" + ref["subresource"] if ref.get("subresource") else "")
+    counts[(who, e["verb"], what)] += 1
+total = sum(counts.values())
+print(f"| writer | verb | resource | per object |")
+print(f"|---|---|---|---|")
+for (who, verb, what), n in counts.most_common():
+    print(f"| {who} | {verb} | {what} | {n / objects:.2f} |")
+print(f"| all | | | {total / objects:.2f} |")
+' "$3" "$4"
+}
+writes "$conv_from" "$conv_to" scale- "$APPS"
 echo
 echo "| replica | peak RSS | steady RSS | CPU | apiserver connections | requests sent |"
 echo "|---|---|---|---|---|---|"

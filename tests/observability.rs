@@ -132,7 +132,7 @@ async fn prometheus_scrapes_the_operator_and_every_query_returns_data() {
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(loaded.len(), 6, "every alerting rule is loaded: {rules}");
+    assert_eq!(loaded.len(), 7, "every alerting rule is loaded: {rules}");
     wait_for(Duration::from_secs(10), "every rule evaluated without error", || async {
         let (_, body) = http_get(&prom, "/api/v1/rules").await?;
         let v: Value = serde_json::from_str(&body).ok()?;

@@ -49,7 +49,12 @@ pub struct Context {
     failures: Mutex<HashMap<(String, String), u32>>,
     /// The status this replica last wrote per App, until the cache shows it.
     written: Mutex<HashMap<(String, String), (AppStatus, Instant)>>,
+    /// Services this replica applied, until the Service cache shows them.
+    applied_services: Mutex<HashMap<(String, String), Applied>>,
 }
+
+/// The resourceVersion this replica's apply returned, and when.
+type Applied = (Option<String>, Instant);
 
 /// How long a written status may take to show in the cache before the cache is trusted anyway.
 const WRITE_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
@@ -78,6 +83,7 @@ impl Context {
             tenant: None,
             failures: Mutex::default(),
             written: Mutex::default(),
+            applied_services: Mutex::default(),
         }
     }
 
@@ -130,7 +136,49 @@ impl Context {
         true
     }
 
+    /// Remembers the resourceVersion of a Service this replica just applied.
+    pub fn remember_applied_service(&self, namespace: &str, name: &str, resource_version: Option<String>) {
+        let mut applied = self.applied_services.lock().unwrap_or_else(|p| p.into_inner());
+        applied.insert((namespace.to_string(), name.to_string()), (resource_version, Instant::now()));
+    }
+
+    /// Whether the cache may not show a Service this replica applied moments ago: the App is
+    /// often reconciled again (for its Deployment's progress) before the Service's watch event
+    /// arrives, and comparing with the cache then would apply the Service a second time. The
+    /// caller reads the Service from the apiserver instead (a read, not a write).
+    pub fn service_cache_behind(&self, namespace: &str, name: &str, cached: Option<&Service>) -> bool {
+        let mut applied = self.applied_services.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (namespace.to_string(), name.to_string());
+        let behind = cache_behind_apply(applied.get(&key), cached.and_then(|c| c.metadata.resource_version.as_deref()));
+        if !behind {
+            applied.remove(&key);
+        }
+        behind
+    }
+
     pub fn reset_failures(&self, obj: &DynamicObject) {
         self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&Self::key(obj));
+    }
+}
+
+/// Whether the cache (showing `cached`, a resourceVersion) may not yet show the object this
+/// replica applied (`applied`): it shows another version and the apply is recent.
+fn cache_behind_apply(applied: Option<&Applied>, cached: Option<&str>) -> bool {
+    applied.is_some_and(|(version, at)| version.as_deref() != cached && at.elapsed() <= WRITE_VISIBLE_WITHIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recent_apply_the_cache_does_not_show_is_read_from_the_apiserver() {
+        let now = (Some("5".to_string()), Instant::now());
+        assert!(cache_behind_apply(Some(&now), None), "the cache has not seen it yet");
+        assert!(cache_behind_apply(Some(&now), Some("4")), "the cache shows an older version");
+        assert!(!cache_behind_apply(Some(&now), Some("5")), "the cache caught up");
+        assert!(!cache_behind_apply(None, None), "nothing applied: the cache decides");
+        let old = (Some("7".to_string()), Instant::now() - WRITE_VISIBLE_WITHIN - Duration::from_secs(1));
+        assert!(!cache_behind_apply(Some(&old), None), "an old apply: the cache decides");
     }
 }

@@ -35,6 +35,14 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    #[error("reading {kind} {namespace}/{name}: {source}")]
+    Read {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("deleting {kind} {namespace}/{name}: {source}")]
     Delete {
         kind: &'static str,
@@ -71,7 +79,10 @@ pub enum ErrorClass {
 impl ReconcileError {
     fn api_code(&self) -> Option<u16> {
         let source = match self {
-            Self::Apply { source, .. } | Self::Delete { source, .. } | Self::Status { source, .. } => source,
+            Self::Apply { source, .. }
+            | Self::Read { source, .. }
+            | Self::Delete { source, .. }
+            | Self::Status { source, .. } => source,
             _ => return None,
         };
         match source {

@@ -135,6 +135,7 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     // Apply: only what differs, stable first so that capacity comes before the canary goes.
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut failure: Option<ReconcileError> = None;
+    let mut changes = Changes::default();
     let wanted = [(Some(&plan.stable), stable.as_deref(), names::stable_deployment_name(&name))].into_iter().chain([(
         plan.canary.as_ref(),
         canary.as_deref(),
@@ -165,21 +166,26 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         };
         match result {
             Ok(Some((diffs, existed))) => {
-                ctx.report_change(&app_ref, "Deployment", &object_name, existed, planned, &diffs).await;
+                ctx.note_change(&mut changes, &app_ref, "Deployment", &object_name, existed, planned, &diffs);
             }
             Ok(None) => info!(namespace, deployment = object_name, "deleted the canary Deployment"),
             Err(e) => failure = Some(e),
         }
     }
     if failure.is_none()
-        && let Err(e) = reconcile_service(&app, &id, ctx, spec_changed).await
+        && let Err(e) = reconcile_service(&app, &id, ctx, spec_changed, &mut changes).await
     {
         failure = Some(e);
     }
     if failure.is_none()
-        && let Err(e) = reconcile_hpa(&app, &id, ctx, spec_changed).await
+        && let Err(e) = reconcile_hpa(&app, &id, ctx, spec_changed, &mut changes).await
     {
         failure = Some(e);
+    }
+    // One Event per kind of change (Created, Updated, DriftCorrected), naming every object:
+    // an App's creation is one Event, not one per object.
+    for (reason, note) in changes.events() {
+        ctx.publish(&app_ref, EventType::Normal, reason, "Apply", note).await;
     }
 
     // Status and Events.
@@ -262,10 +268,24 @@ async fn reconcile_service(
     id: &AppIdentity,
     ctx: &Context,
     spec_changed: bool,
+    changes: &mut Changes,
 ) -> Result<(), ReconcileError> {
     let namespace = &id.namespace;
     let name = names::service_name(&id.name);
-    let observed = ctx.services.get(&ObjectRef::new(&name).within(namespace));
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut observed = ctx.services.get(&ObjectRef::new(&name).within(namespace));
+    if ctx.service_cache_behind(namespace, &name, observed.as_deref()) {
+        observed = api
+            .get_opt(&name)
+            .await
+            .map_err(|source| ReconcileError::Read {
+                kind: "Service",
+                namespace: namespace.clone(),
+                name: name.clone(),
+                source,
+            })?
+            .map(std::sync::Arc::new);
+    }
     let wanted = desired_service(app, id);
     let diffs = service_differences(&wanted, observed.as_deref());
     if diffs.is_empty() {
@@ -274,13 +294,19 @@ async fn reconcile_service(
     if !ctx.may_write(namespace) {
         return Err(ReconcileError::Fenced { namespace: namespace.clone() });
     }
-    let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-    apply(&api, &name, &wanted, "Service").await?;
-    ctx.report_change(&app.object_ref(&()), "Service", &name, observed.is_some(), spec_changed, &diffs).await;
+    let applied = apply(&api, &name, &wanted, "Service").await?;
+    ctx.remember_applied_service(namespace, &name, applied.metadata.resource_version);
+    ctx.note_change(changes, &app.object_ref(&()), "Service", &name, observed.is_some(), spec_changed, &diffs);
     Ok(())
 }
 
-async fn reconcile_hpa(app: &App, id: &AppIdentity, ctx: &Context, spec_changed: bool) -> Result<(), ReconcileError> {
+async fn reconcile_hpa(
+    app: &App,
+    id: &AppIdentity,
+    ctx: &Context,
+    spec_changed: bool,
+    changes: &mut Changes,
+) -> Result<(), ReconcileError> {
     let namespace = &id.namespace;
     let name = names::hpa_name(&id.name);
     let api: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), namespace);
@@ -294,8 +320,15 @@ async fn reconcile_hpa(app: &App, id: &AppIdentity, ctx: &Context, spec_changed:
                     return Err(ReconcileError::Fenced { namespace: namespace.clone() });
                 }
                 apply(&api, &name, &wanted, "HorizontalPodAutoscaler").await?;
-                ctx.report_change(&app_ref, "HorizontalPodAutoscaler", &name, observed.is_some(), spec_changed, &diffs)
-                    .await;
+                ctx.note_change(
+                    changes,
+                    &app_ref,
+                    "HorizontalPodAutoscaler",
+                    &name,
+                    observed.is_some(),
+                    spec_changed,
+                    &diffs,
+                );
             }
         }
         None if observed.as_deref().is_some_and(|h| owned_by_app(h, id)) => {
@@ -359,6 +392,31 @@ pub(crate) async fn write_status(
         .map_err(|source| ReconcileError::Status { namespace: namespace.to_string(), name: name.to_string(), source })
 }
 
+/// The changes one reconcile made, as the Events that report them.
+#[derive(Default, Debug)]
+pub struct Changes(Vec<(&'static str, String)>);
+
+impl Changes {
+    pub fn add(&mut self, reason: &'static str, note: String) {
+        self.0.push((reason, note));
+    }
+
+    /// One Event per reason, in the order first seen, its notes joined.
+    pub fn events(&self) -> Vec<(&'static str, String)> {
+        let mut out: Vec<(&'static str, String)> = Vec::new();
+        for (reason, note) in &self.0 {
+            match out.iter_mut().find(|(r, _)| r == reason) {
+                Some((_, joined)) => {
+                    joined.push_str("; ");
+                    joined.push_str(note);
+                }
+                None => out.push((reason, note.clone())),
+            }
+        }
+        out
+    }
+}
+
 /// Text of the Event for a change: what was created, updated, or put back after drift.
 pub fn describe_change(
     kind: &str,
@@ -378,8 +436,11 @@ pub fn describe_change(
 }
 
 impl Context {
-    async fn report_change(
+    /// Logs a change made to one of the App's objects and adds it to this reconcile's Events.
+    #[allow(clippy::too_many_arguments)]
+    fn note_change(
         &self,
+        changes: &mut Changes,
         app: &k8s_openapi::api::core::v1::ObjectReference,
         kind: &str,
         name: &str,
@@ -397,7 +458,7 @@ impl Context {
         if reason == "DriftCorrected" {
             self.metrics.drift_corrected(kind);
         }
-        self.publish(app, EventType::Normal, reason, "Apply", note).await;
+        changes.add(reason, note);
     }
 
     pub(crate) async fn publish(
@@ -431,6 +492,22 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_event_per_reason_naming_every_object() {
+        let mut changes = Changes::default();
+        changes.add("Created", "created Deployment web".into());
+        changes.add("DriftCorrected", "Service web was changed outside Flotilla and was put back: port".into());
+        changes.add("Created", "created HorizontalPodAutoscaler web".into());
+        assert_eq!(
+            changes.events(),
+            [
+                ("Created", "created Deployment web; created HorizontalPodAutoscaler web".to_string()),
+                ("DriftCorrected", "Service web was changed outside Flotilla and was put back: port".to_string()),
+            ]
+        );
+        assert!(Changes::default().events().is_empty());
+    }
 
     #[test]
     fn change_descriptions() {
