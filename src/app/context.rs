@@ -58,6 +58,10 @@ type Applied = (Option<String>, Instant);
 
 /// How long a written status may take to show in the cache before the cache is trusted anyway.
 const WRITE_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
+/// How long an applied Service is read from the apiserver while the cache does not show it
+/// (under load a watch event can take longer than a status does; the read gives the truth,
+/// so a deletion in that time is still put back).
+const APPLY_VISIBLE_WITHIN: Duration = Duration::from_secs(60);
 
 impl Context {
     pub fn new(
@@ -164,7 +168,7 @@ impl Context {
 /// Whether the cache (showing `cached`, a resourceVersion) may not yet show the object this
 /// replica applied (`applied`): it shows another version and the apply is recent.
 fn cache_behind_apply(applied: Option<&Applied>, cached: Option<&str>) -> bool {
-    applied.is_some_and(|(version, at)| version.as_deref() != cached && at.elapsed() <= WRITE_VISIBLE_WITHIN)
+    applied.is_some_and(|(version, at)| version.as_deref() != cached && at.elapsed() <= APPLY_VISIBLE_WITHIN)
 }
 
 #[cfg(test)]
@@ -178,7 +182,7 @@ mod tests {
         assert!(cache_behind_apply(Some(&now), Some("4")), "the cache shows an older version");
         assert!(!cache_behind_apply(Some(&now), Some("5")), "the cache caught up");
         assert!(!cache_behind_apply(None, None), "nothing applied: the cache decides");
-        let old = (Some("7".to_string()), Instant::now() - WRITE_VISIBLE_WITHIN - Duration::from_secs(1));
+        let old = (Some("7".to_string()), Instant::now() - APPLY_VISIBLE_WITHIN - Duration::from_secs(1));
         assert!(!cache_behind_apply(Some(&old), None), "an old apply: the cache decides");
     }
 }
