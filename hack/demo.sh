@@ -49,6 +49,7 @@ kubectl apply --server-side -f crds/flotilla.dev.yaml >/dev/null
 kubectl wait --for=condition=Established crd/apps.flotilla.dev --timeout=60s >/dev/null
 kubectl apply -f deploy/base/namespace.yaml >/dev/null
 kubectl apply -k rbac >/dev/null
+kubectl apply -f deploy/base/flowschema.yaml >/dev/null
 
 # The operator runs as system:serviceaccount:flotilla-system:flotilla, not as admin.
 bash "$here/operator-kubeconfig.sh" "$CLUSTER" "$DEMO/operator.kubeconfig"

@@ -276,7 +276,8 @@ pub fn kubectl_try(args: &[&str]) -> (bool, String) {
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
-/// The operator's namespace, ServiceAccount and exactly the roles of rbac/, as an install would.
+/// The operator's namespace, ServiceAccount, exactly the roles of rbac/ and the Lease
+/// FlowSchema, as an install would.
 /// Once per test binary: two concurrent client-side applies of a new object race to create it.
 pub fn install_operator_rbac() {
     static INSTALLED: OnceLock<()> = OnceLock::new();
@@ -290,6 +291,13 @@ pub fn install_operator_rbac() {
             &root.join("deploy/base/namespace.yaml").display().to_string(),
         ]);
         kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-k", &root.join("rbac").display().to_string()]);
+        kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &root.join("deploy/base/flowschema.yaml").display().to_string(),
+        ]);
     });
 }
 
