@@ -79,12 +79,6 @@ const ROLLOUT_KEYS: [&str; 3] = ["strategy", "analysis", "autoRollback"];
 const DEADLINE_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(10)..=Duration::from_secs(3600);
 const HISTORY_RANGE: std::ops::RangeInclusive<i64> = 1..=50;
 
-/// Whole seconds of a `v1beta1` deadline, rounded up (`None` when it cannot be read).
-fn deadline_seconds(text: &str) -> Option<i64> {
-    let d = humantime::parse_duration(text).ok()?;
-    i64::try_from(d.as_secs() + u64::from(d.subsec_nanos() > 0)).ok()
-}
-
 /// A deadline `v1beta1` accepts (the CRD's rule: a duration from 10s to 1h).
 fn valid_deadline(text: &str) -> bool {
     text.len() <= 32
@@ -124,7 +118,7 @@ pub fn app_spec_to_v1beta1(spec: &mut Map<String, Value>, annotations: &mut Anno
             let seconds = n.as_i64().ok_or_else(|| wrong("spec.progressDeadlineSeconds", "an integer"))?;
             let text = kept
                 .progress_deadline
-                .filter(|text| valid_deadline(text) && deadline_seconds(text) == Some(seconds))
+                .filter(|text| valid_deadline(text) && i64::from(v1beta1::deadline_seconds(text)) == seconds)
                 .unwrap_or_else(|| format!("{seconds}s"));
             rollout.insert("progressDeadline".into(), Value::String(text));
         }
@@ -158,7 +152,7 @@ pub fn app_spec_to_v1alpha1(spec: &mut Map<String, Value>, annotations: &mut Ann
             Some(Value::String(text)) => {
                 // The CRD refuses deadlines it cannot read; should one be stored, v1alpha1
                 // shows the default.
-                let seconds = deadline_seconds(&text).unwrap_or(v1beta1::DEFAULT_PROGRESS_DEADLINE.as_secs() as i64);
+                let seconds = i64::from(v1beta1::deadline_seconds(&text));
                 if text != format!("{seconds}s") {
                     kept.progress_deadline = Some(text);
                 }

@@ -116,11 +116,15 @@ impl RolloutSpec {
     /// `progressDeadlineSeconds` and for `v1alpha1`. A deadline that cannot be read (the CRD
     /// refuses those) counts as the default.
     pub fn progress_deadline_seconds(&self) -> Option<i32> {
-        self.progress_deadline.as_deref().map(|text| {
-            let d = duration::parse("spec.rollout.progressDeadline", text).unwrap_or(DEFAULT_PROGRESS_DEADLINE);
-            i32::try_from(d.as_secs() + u64::from(d.subsec_nanos() > 0)).unwrap_or(i32::MAX)
-        })
+        self.progress_deadline.as_deref().map(deadline_seconds)
     }
+}
+
+/// Whole seconds of a progress deadline such as `90s` or `1500ms`, rounded up. A deadline that
+/// cannot be read (the CRD refuses those) counts as the default.
+pub fn deadline_seconds(text: &str) -> i32 {
+    let d = duration::parse("spec.rollout.progressDeadline", text).unwrap_or(DEFAULT_PROGRESS_DEADLINE);
+    i32::try_from(d.as_secs() + u64::from(d.subsec_nanos() > 0)).unwrap_or(i32::MAX)
 }
 
 impl AppSpec {
