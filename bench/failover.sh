@@ -31,12 +31,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-kubectl apply --server-side -f crds/flotilla.dev.yaml >/dev/null
-kubectl wait --for=condition=Established crd/apps.flotilla.dev crd/tenants.flotilla.dev >/dev/null
-kubectl apply -f deploy/base/namespace.yaml >/dev/null
-kubectl apply -k rbac >/dev/null
-kubectl apply -f deploy/base/flowschema.yaml >/dev/null
-bash hack/operator-kubeconfig.sh "$CLUSTER" "$WORK/op.kubeconfig"
+bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
 
 start_replica() {
   local id=$1 port=$2

@@ -99,12 +99,7 @@ echo "   all $APPS Deployments exist after ${baseline}s"
 seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl delete namespace --wait=false >/dev/null
 
 echo ">> Flotilla: CRDs, RBAC, 3 replicas, tenants onboarding $NAMESPACES namespaces"
-kubectl apply --server-side -f crds/flotilla.dev.yaml >/dev/null
-kubectl wait --for=condition=Established crd/apps.flotilla.dev crd/tenants.flotilla.dev >/dev/null
-kubectl apply -f deploy/base/namespace.yaml >/dev/null
-kubectl apply -k rbac >/dev/null
-kubectl apply -f deploy/base/flowschema.yaml >/dev/null
-bash hack/operator-kubeconfig.sh "$CLUSTER" "$WORK/op.kubeconfig"
+bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
 for i in 0 1 2; do
   "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" \
     >"$WORK/scale-$i.log" 2>&1 &

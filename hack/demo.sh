@@ -45,14 +45,8 @@ cargo build --locked --release --bin flotilla
 BIN=$CARGO_TARGET_DIR/release/flotilla
 
 echo ">> installing CRDs, RBAC and the operator's ServiceAccount"
-kubectl apply --server-side -f crds/flotilla.dev.yaml >/dev/null
-kubectl wait --for=condition=Established crd/apps.flotilla.dev --timeout=60s >/dev/null
-kubectl apply -f deploy/base/namespace.yaml >/dev/null
-kubectl apply -k rbac >/dev/null
-kubectl apply -f deploy/base/flowschema.yaml >/dev/null
-
 # The operator runs as system:serviceaccount:flotilla-system:flotilla, not as admin.
-bash "$here/operator-kubeconfig.sh" "$CLUSTER" "$DEMO/operator.kubeconfig"
+bash "$here/install-local.sh" "$CLUSTER" "$DEMO/operator.kubeconfig"
 
 stop_operators
 

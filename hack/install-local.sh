@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Puts in a local cluster what an install would, for replicas that run outside it: the CRDs,
+# the operator's namespace and ServiceAccount, the roles of rbac/ and the Lease FlowSchema;
+# then writes a kubeconfig that authenticates as that ServiceAccount. Expects KUBECONFIG to
+# be the admin's.
+#
+#   hack/install-local.sh CLUSTER KUBECONFIG_OUT
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+. "$here/versions.sh"
+cluster=$1 out=$2
+kubectl apply --server-side -f "$root/crds/flotilla.dev.yaml" >/dev/null
+kubectl wait --for=condition=Established crd/apps.flotilla.dev crd/tenants.flotilla.dev --timeout=60s >/dev/null
+kubectl apply -f "$root/deploy/base/namespace.yaml" >/dev/null
+kubectl apply -k "$root/rbac" >/dev/null
+kubectl apply -f "$root/deploy/base/flowschema.yaml" >/dev/null
+bash "$here/operator-kubeconfig.sh" "$cluster" "$out"
