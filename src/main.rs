@@ -178,6 +178,11 @@ fn main() -> ExitCode {
                         secret: args.webhook_secret,
                         check_every: std::time::Duration::from_secs(60),
                     }),
+                    protocol: if args.api_http2 {
+                        flotilla::operator::clients::Protocol::Http2
+                    } else {
+                        flotilla::operator::clients::Protocol::Http1
+                    },
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,

@@ -146,6 +146,11 @@ pub struct RunArgs {
     /// created by the first replica when missing.
     #[arg(long, env = "FLOTILLA_WEBHOOK_SECRET", default_value = "flotilla-webhook-cert")]
     pub webhook_secret: String,
+    /// Talk HTTP/2 to the apiserver: one multiplexed connection per shard and one for the
+    /// Leases, instead of a connection per watch. Turn it off only where the path to the
+    /// apiserver does not pass HTTP/2 (some proxies).
+    #[arg(long, env = "FLOTILLA_API_HTTP2", default_value_t = true, action = clap::ArgAction::Set)]
+    pub api_http2: bool,
 }
 
 /// Accepts an https:// URL (the apiserver calls webhooks over TLS only).

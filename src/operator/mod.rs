@@ -1,9 +1,12 @@
 //! Wiring of one operator replica: client, admin server, controllers, and shutdown.
 
 pub mod admin;
+pub mod clients;
 
 use kube::runtime::events::Reporter;
 use kube::{Client, Config};
+
+use clients::{ClientError, Clients, Protocol};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,6 +41,8 @@ pub struct Settings {
     pub prometheus_url: Option<String>,
     /// The conversion webhook this replica serves (`None`: none, for command-line clients).
     pub webhook: Option<WebhookSettings>,
+    /// HTTP/2 (multiplexed) or HTTP/1.1 to the apiserver.
+    pub protocol: Protocol,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,8 +55,8 @@ pub enum OperatorError {
     },
     #[error("loading the cluster configuration (in-cluster or $KUBECONFIG): {0}")]
     InferConfig(#[from] kube::config::InferConfigError),
-    #[error("building the Kubernetes client: {0}")]
-    Client(#[source] kube::Error),
+    #[error("{0}")]
+    Client(#[from] ClientError),
     #[error("starting the admin server on {addr}: {source}")]
     Admin {
         addr: SocketAddr,
@@ -77,11 +82,13 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         sharding: ShardSettings::default(),
         prometheus_url: None,
         webhook: None,
+        protocol: Protocol::Http1,
     };
-    client(&settings).await
+    Ok(clients(&settings).await?.client()?)
 }
 
-async fn client(settings: &Settings) -> Result<Client, OperatorError> {
+/// A factory of clients with the replica's configuration, each with a connection of its own.
+async fn clients(settings: &Settings) -> Result<Clients, OperatorError> {
     let mut config = match &settings.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -97,7 +104,7 @@ async fn client(settings: &Settings) -> Result<Client, OperatorError> {
     if let Ok(value) = http::HeaderValue::from_str(&agent) {
         config.headers.push((http::header::USER_AGENT, value));
     }
-    Client::try_from(config).map_err(OperatorError::Client)
+    Ok(Clients::new(config, settings.protocol))
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
@@ -123,7 +130,8 @@ async fn termination() {
 
 /// Runs the replica until SIGTERM.
 pub async fn run(settings: Settings) -> Result<(), OperatorError> {
-    let client = client(&settings).await?;
+    let clients = clients(&settings).await?;
+    let client = clients.client()?;
     let metrics = Metrics::new()?;
     let ready = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -162,8 +170,11 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             let (working_tx, working_rx) = watch::channel(Default::default());
             let (ownership_tx, ownership_rx) = watch::channel(Default::default());
             let fence = Fence::new(settings.sharding.shards, settings.sharding.renew_deadline);
+            // Leases and the singleton's election on a connection of their own: renewals must not
+            // queue behind the bulk work of the replica's other clients.
+            let control = clients.client()?;
             let leases = Leases::new(
-                client.clone(),
+                control.clone(),
                 &settings.identity.namespace,
                 &settings.replica_id,
                 settings.sharding.lease_duration,
@@ -180,7 +191,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             let (tenant_client, identity, tenant_reporter, tenant_metrics) =
                 (client.clone(), settings.identity.clone(), reporter.clone(), metrics.clone());
             tasks.push(tokio::spawn({
-                let client = client.clone();
+                let client = control;
                 let namespace = settings.identity.namespace.clone();
                 let me = settings.replica_id.clone();
                 let shutdown = stop_rx.clone();
@@ -207,6 +218,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             )));
             tasks.push(tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
                 client,
+                clients,
                 shared,
                 settings.sharding.shards,
                 ServedChannels { held_rx, working_tx, ownership_tx, fence },

@@ -1,6 +1,7 @@
 //! The Tenant reconciler: onboard listed namespaces, offboard the ones that left, report
 //! per-namespace state. Every write is an idempotent server-side apply or a delete.
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -113,62 +114,82 @@ fn claims(ctx: &TenantContext) -> Vec<Claim> {
     ctx.tenants.state().iter().map(|t| Claim::of(t)).collect()
 }
 
-async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantError> {
-    let me = tenant_name(tenant);
-    let claims = claims(ctx);
-    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
-    let mut states = Vec::new();
-    let mut unsettled_error = false;
-    for ns in &tenant.spec.namespaces {
-        let existing = match namespaces.get_opt(ns).await {
-            Ok(n) => n,
-            Err(source) => {
-                let err = TenantError::Api {
-                    action: "reading",
-                    kind: "Namespace",
-                    namespace: String::new(),
-                    name: ns.clone(),
-                    source,
-                };
-                states.push(NamespaceStatus {
-                    name: ns.clone(),
-                    state: NamespaceState::Error,
-                    message: err.to_string(),
-                });
-                continue;
-            }
-        };
-        let label = existing.as_ref().and_then(|n| n.labels().get(LABEL_TENANT).cloned());
-        let owner = namespace_owner(ns, &claims, label.as_deref()).or(Some(me.as_str()));
-        if let Some(refused) = refusal(ns, &me, owner, &ctx.operator) {
-            states.push(refused);
-            continue;
+/// How many namespaces of one Tenant are onboarded at once.
+const ONBOARD_CONCURRENCY: usize = 8;
+
+/// Onboards one namespace of a Tenant; the state to report, and whether a namespace that
+/// stays served had an error (the Tenant is then looked at again soon).
+async fn onboard_one(
+    tenant: &Tenant,
+    ns: &String,
+    me: &str,
+    claims: &[Claim],
+    namespaces: &Api<Namespace>,
+    ctx: &TenantContext,
+) -> (NamespaceStatus, bool) {
+    let existing = match namespaces.get_opt(ns).await {
+        Ok(n) => n,
+        Err(source) => {
+            let err = TenantError::Api {
+                action: "reading",
+                kind: "Namespace",
+                namespace: String::new(),
+                name: ns.clone(),
+                source,
+            };
+            return (
+                NamespaceStatus { name: ns.clone(), state: NamespaceState::Error, message: err.to_string() },
+                false,
+            );
         }
-        let was_onboarded = tenant
-            .status
-            .iter()
-            .flat_map(|s| s.namespaces.iter())
-            .any(|n| &n.name == ns && n.state == NamespaceState::Onboarded);
-        let state = match onboard_namespace(tenant, ns, existing.is_some(), ctx).await {
-            Ok(()) => NamespaceStatus {
+    };
+    let label = existing.as_ref().and_then(|n| n.labels().get(LABEL_TENANT).cloned());
+    let owner = namespace_owner(ns, claims, label.as_deref()).or(Some(me));
+    if let Some(refused) = refusal(ns, me, owner, &ctx.operator) {
+        return (refused, false);
+    }
+    let was_onboarded = tenant
+        .status
+        .iter()
+        .flat_map(|s| s.namespaces.iter())
+        .any(|n| &n.name == ns && n.state == NamespaceState::Onboarded);
+    match onboard_namespace(tenant, ns, existing.is_some(), ctx).await {
+        Ok(()) => (
+            NamespaceStatus {
                 name: ns.clone(),
                 state: NamespaceState::Onboarded,
                 message: format!("Flotilla manages Apps here through RoleBinding {OPERATOR_BINDING}"),
             },
-            // A failed re-apply of a namespace that was onboarded keeps it served (its
-            // RoleBindings are most likely still there); the message says what failed.
-            Err(e) if was_onboarded => {
-                unsettled_error = true;
-                NamespaceStatus {
-                    name: ns.clone(),
-                    state: NamespaceState::Onboarded,
-                    message: format!("re-applying onboarding failed, retrying: {e}"),
-                }
-            }
-            Err(e) => NamespaceStatus { name: ns.clone(), state: NamespaceState::Error, message: e.to_string() },
-        };
-        states.push(state);
+            false,
+        ),
+        // A failed re-apply of a namespace that was onboarded keeps it served (its
+        // RoleBindings are most likely still there); the message says what failed.
+        Err(e) if was_onboarded => (
+            NamespaceStatus {
+                name: ns.clone(),
+                state: NamespaceState::Onboarded,
+                message: format!("re-applying onboarding failed, retrying: {e}"),
+            },
+            true,
+        ),
+        Err(e) => (NamespaceStatus { name: ns.clone(), state: NamespaceState::Error, message: e.to_string() }, false),
     }
+}
+
+async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantError> {
+    let me = tenant_name(tenant);
+    let claims = claims(ctx);
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    // Namespaces are onboarded a few at a time: one after the other, a Tenant of a hundred
+    // namespaces took minutes on a busy apiserver. Order is kept for the status.
+    let (me_ref, claims_ref, namespaces_ref) = (&me, &claims, &namespaces);
+    let results: Vec<(NamespaceStatus, bool)> = futures::stream::iter(tenant.spec.namespaces.clone())
+        .map(|ns| async move { onboard_one(tenant, &ns, me_ref, claims_ref, namespaces_ref, ctx).await })
+        .buffered(ONBOARD_CONCURRENCY)
+        .collect()
+        .await;
+    let unsettled_error = results.iter().any(|(_, unsettled)| *unsettled);
+    let mut states: Vec<NamespaceStatus> = results.into_iter().map(|(state, _)| state).collect();
     for ns in to_offboard(tenant) {
         let state = match offboard_namespace(tenant, &ns, ctx, &claims).await {
             Ok(skipped) => NamespaceStatus {

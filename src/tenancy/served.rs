@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::api::{NamespaceState, Tenant};
 use crate::app::controller::{Scope, ServedBy, Shared, app_controller};
+use crate::operator::clients::Clients;
 use crate::sharding::fence::Fence;
 use crate::sharding::shard_of;
 use crate::watch_cache::cache;
@@ -40,6 +41,39 @@ pub fn changes(running: &BTreeSet<String>, wanted: &BTreeSet<String>) -> (Vec<St
     (wanted.difference(running).cloned().collect(), running.difference(wanted).cloned().collect())
 }
 
+/// One client, so one HTTP/2 connection, per shard with served namespaces: a shard's
+/// namespaces have a few hundred watches at most, well under the apiserver's 1000 streams
+/// per connection, and a shard's connection closes when the shard moves away.
+struct ShardClients {
+    clients: Clients,
+    /// Used when a new client cannot be built (the configuration was already good once).
+    fallback: Client,
+    shards: u32,
+    by_shard: BTreeMap<u32, Client>,
+}
+
+impl ShardClients {
+    fn for_namespace(&mut self, namespace: &str) -> Client {
+        let shard = shard_of(namespace, self.shards);
+        let Self { clients, fallback, by_shard, .. } = self;
+        by_shard
+            .entry(shard)
+            .or_insert_with(|| {
+                clients.client().unwrap_or_else(|e| {
+                    warn!(shard, error = %e, "no client of its own for the shard; sharing the replica's");
+                    fallback.clone()
+                })
+            })
+            .clone()
+    }
+
+    /// Drops the clients of shards without served namespaces (their connections close once
+    /// the last watch on them has ended).
+    fn keep(&mut self, working: &BTreeSet<u32>) {
+        self.by_shard.retain(|shard, _| working.contains(shard));
+    }
+}
+
 struct NamespaceWorker {
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
@@ -50,7 +84,7 @@ async fn converge_workers(
     workers: &mut BTreeMap<String, NamespaceWorker>,
     wanted: &BTreeSet<String>,
     owners: &BTreeMap<String, String>,
-    client: &Client,
+    clients: &mut ShardClients,
     shared: &Shared,
     fence: &Fence,
 ) {
@@ -70,7 +104,7 @@ async fn converge_workers(
         info!(namespace = ns, "onboarded; starting its App controller");
         let (stop_tx, mut stop_rx) = watch::channel(false);
         let run = app_controller(
-            client.clone(),
+            clients.for_namespace(&ns),
             Scope::Namespace(ns.clone()),
             shared.clone(),
             Some(ServedBy { fence: fence.clone(), tenant: owners.get(&ns).cloned() }),
@@ -115,6 +149,7 @@ pub struct ServedChannels {
 /// `shutdown`. `ready` turns true once the Tenant cache is synced.
 pub async fn serve_onboarded_namespaces(
     client: Client,
+    clients: Clients,
     shared: Shared,
     shards: u32,
     channels: ServedChannels,
@@ -125,6 +160,7 @@ pub async fn serve_onboarded_namespaces(
     let (tenants, mut synced, events) = cache::<Tenant>(Api::all(client.clone()), watcher::Config::default(), ());
     let mut events = std::pin::pin!(events);
     let mut workers: BTreeMap<String, NamespaceWorker> = BTreeMap::new();
+    let mut shard_clients = ShardClients { clients, fallback: client.clone(), shards, by_shard: BTreeMap::new() };
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
@@ -146,8 +182,9 @@ pub async fn serve_onboarded_namespaces(
         let owners = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
         let wanted: BTreeSet<String> =
             owners.keys().filter(|ns| held.contains(&shard_of(ns, shards))).cloned().collect();
-        converge_workers(&mut workers, &wanted, &owners, &client, &shared, &fence).await;
+        converge_workers(&mut workers, &wanted, &owners, &mut shard_clients, &shared, &fence).await;
         let working: BTreeSet<u32> = workers.keys().map(|ns| shard_of(ns, shards)).collect();
+        shard_clients.keep(&working);
         working_tx.send_replace(working);
         let ownership = Ownership { shards, held, served: wanted };
         ownership_tx.send_if_modified(|current| {
