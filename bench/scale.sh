@@ -15,7 +15,10 @@
 # - per replica: peak and steady RSS, CPU seconds, open connections to the apiserver,
 #   requests sent (from the audit log, by User-Agent);
 # - writes by the operator in tenant namespaces during IDLE seconds after convergence;
-# - the time for one changed App to be reconciled while all are present (p50/p99).
+# - the time for one changed App to be reconciled while all are present (p50/p99);
+# - failover with every App present (FLOTILLA_BENCH_FAILOVER=0 skips it): kill -9 of a
+#   replica, its restart, then SIGTERM of another; after each, the time until every shard
+#   is held by the live replicas and until changed Apps in 30 namespaces are reconciled.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/hack/versions.sh"
@@ -30,6 +33,9 @@ CLUSTER=flotilla-bench-scale
 WORK=$(mktemp -d)
 export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
 per_ns=$(( (APPS + NAMESPACES - 1) / NAMESPACES ))
+# Both sides are polled with a full list; at 10k objects a list takes seconds of the
+# apiserver's time, so the poll slows with the size (0.5 s at 1000, 5 s at 10,000).
+POLL=$(awk -v n="$APPS" 'BEGIN{p=n/2000; if(p<0.5)p=0.5; print p}')
 
 bash hack/prerequisites.sh
 echo ">> cluster $CLUSTER (QPS limits of the control-plane components lifted)"
@@ -93,7 +99,7 @@ seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 1 kubectl cre
 make_files base Deployment
 t0=$(now)
 create_all base
-until [ "$(kubectl get deployments -A --no-headers 2>/dev/null | grep -c '^base-')" -ge "$APPS" ]; do sleep 0.5; done
+until [ "$(kubectl get deployments -A --no-headers 2>/dev/null | grep -c '^base-')" -ge "$APPS" ]; do sleep "$POLL"; done
 baseline=$(since "$t0")
 echo "   all $APPS Deployments exist after ${baseline}s"
 seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl delete namespace --wait=false >/dev/null
@@ -101,7 +107,7 @@ seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl de
 echo ">> Flotilla: CRDs, RBAC, 3 replicas, tenants onboarding $NAMESPACES namespaces"
 bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
 for i in 0 1 2; do
-  "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" \
+  "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
     >"$WORK/scale-$i.log" 2>&1 &
   PIDS+=($!)
 done
@@ -133,7 +139,7 @@ converged() {
   [ "$(kubectl get apps -A -o jsonpath='{range .items[*]}{.metadata.generation}={.status.observedGeneration}:{.status.phase}{"\n"}{end}' \
       | awk -F'[=:]' '$1==$2 && $3=="Healthy"' | wc -l)" -ge "$APPS" ]
 }
-until converged; do sleep 1; done
+until converged; do sleep "$POLL"; done
 flotilla=$(since "$t0"); converged_at=$(date +%s)
 conv_to=$(wc -l <"$AUDIT")
 echo "   every App has its Deployment and a current Healthy status after ${flotilla}s"
@@ -191,6 +197,61 @@ PY
 done
 ratio=$(awk "BEGIN{printf \"%.2f\", $flotilla / $baseline}")
 
+FAILOVER=${FLOTILLA_BENCH_FAILOVER:-1}
+if [ "$FAILOVER" = 1 ]; then
+  # Failover with every App present: kill -9 of one replica, then (once it is back, as in a
+  # rolling upgrade) SIGTERM of another. After each, one App is changed in each of SAMPLE
+  # namespaces spread over the shards (about a third of them served by the replica that went
+  # away), and the time until all of them are reconciled is measured from the kill.
+  SAMPLE=${FLOTILLA_BENCH_FAILOVER_SAMPLE:-30}
+  holders() { kubectl -n flotilla-system get leases -l flotilla.dev/lease=shard -o jsonpath='{range .items[*]}{.spec.holderIdentity}{"\n"}{end}'; }
+  held_by() { # held_by ID...: every shard held by one of IDs
+    holders | awk -v ids="$*" 'BEGIN{n=split(ids,a," "); for(i=1;i<=n;i++) ok[a[i]]=1} {t++; if(!($0 in ok)) bad=1} END{exit (t>0 && !bad)?0:1}'
+  }
+  sample_ns() { for c in $(seq 1 "$SAMPLE"); do printf 'scale-%04d\n' $(( (c * 7919 + 13) % NAMESPACES )); done | sort -u; }
+  change_sample() { # change_sample VERSION: patch app-0 of every sampled namespace, PARALLEL at a time
+    sample_ns | xargs -P "$PARALLEL" -I{} kubectl -n {} patch app app-0 --type=merge -p "{\"spec\":{\"version\":\"$1\"}}" >/dev/null
+  }
+  sample_at() { # every sampled App reports VERSION
+    local ns
+    for ns in $(sample_ns); do
+      [ "$(kubectl -n "$ns" get app app-0 -o jsonpath='{.status.currentVersion}')" = "$1" ] || return 1
+    done
+  }
+  start_replica() { # start_replica I
+    "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$((9660 + $1))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$1" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
+      >>"$WORK/scale-$1.log" 2>&1 &
+    PIDS[$1]=$!
+  }
+  failover_from=$(date +%s)
+  echo ">> failover with $APPS Apps present: kill -9 of scale-0, changes in $(sample_ns | wc -l) namespaces"
+  t0=$(now)
+  kill -9 "${PIDS[0]}"
+  change_sample f1
+  until held_by scale-1 scale-2; do sleep 0.2; done
+  kill_held=$(since "$t0")
+  until sample_at f1; do sleep 0.5; done
+  kill_reconciled=$(since "$t0")
+  echo "   every shard held by the survivors after ${kill_held}s; every changed App reconciled after ${kill_reconciled}s"
+  echo ">> scale-0 restarts (a rolling upgrade's next step)"
+  t0=$(now)
+  start_replica 0
+  until curl -fs 127.0.0.1:9660/readyz >/dev/null 2>&1 && holders | grep -qx scale-0; do sleep 0.2; done
+  rejoin=$(since "$t0")
+  echo "   scale-0 holds shards again after ${rejoin}s"
+  echo ">> SIGTERM of scale-1, changes in the same namespaces"
+  t0=$(now)
+  kill -TERM "${PIDS[1]}"
+  change_sample f2
+  until held_by scale-0 scale-2; do sleep 0.2; done
+  term_held=$(since "$t0")
+  until sample_at f2; do sleep 0.5; done
+  term_reconciled=$(since "$t0")
+  echo "   every shard held by the others after ${term_held}s; every changed App reconciled after ${term_reconciled}s"
+  failover_peak=$(awk -v a="$failover_from" '$1>=a && $3>m {m=$3} END{printf "%.0f", m/1024}' "$WORK/rss")
+  failover_json=",\"failover\":{\"sample_namespaces\":$(sample_ns | wc -l),\"kill9_shards_held_seconds\":$kill_held,\"kill9_reconciled_seconds\":$kill_reconciled,\"restart_holds_shards_seconds\":$rejoin,\"sigterm_shards_held_seconds\":$term_held,\"sigterm_reconciled_seconds\":$term_reconciled,\"peak_rss_mib\":$failover_peak}"
+fi
+
 mkdir -p bench/results
 out=bench/results/scale-$(date -u +%Y%m%dT%H%M%SZ).json
 cat >"$out" <<JSON
@@ -198,7 +259,7 @@ cat >"$out" <<JSON
  "baseline_seconds":$baseline,"flotilla_seconds":$flotilla,"ratio":$ratio,
  "idle_seconds":$IDLE,"idle_writes":$idle_writes,
  "change_latency_seconds":{"p50":$p50,"p99":$p99,"samples":[$(IFS=,; echo "${lat[*]}")]},
- "replicas":[$(IFS=,; echo "${json_replicas[*]}")]}
+ "replicas":[$(IFS=,; echo "${json_replicas[*]}")]${failover_json:-}}
 JSON
 
 echo
@@ -211,6 +272,11 @@ echo "| Flotilla: every App has its Deployment and current status | ${flotilla}s
 echo "| ratio Flotilla / bare client | ${ratio}x | <= 1.3x |"
 echo "| writes by the operator in ${IDLE} idle seconds | $idle_writes | 0 |"
 echo "| one changed App reconciled (p50 / p99 over $CHANGES) | ${p50}s / ${p99}s | p99 <= 1 s |"
+if [ "$FAILOVER" = 1 ]; then
+  echo "| kill -9 of a replica: every shard held by the survivors / changed Apps in $SAMPLE namespaces reconciled | ${kill_held}s / ${kill_reconciled}s | p99 <= 10 s (reconciled) |"
+  echo "| SIGTERM of a replica: every shard held by the others / changed Apps reconciled | ${term_held}s / ${term_reconciled}s | <= 2 s (held) |"
+  echo "| peak RSS of a replica during the failovers (the survivors serve more namespaces) | ${failover_peak} MiB | |"
+fi
 echo
 echo "Writes by the operator in the tenant namespaces per App, until every App converged (audit"
 echo "log; the bare client writes one object per Deployment; the controller-manager's writes"

@@ -183,6 +183,7 @@ fn main() -> ExitCode {
                     } else {
                         flotilla::operator::clients::Protocol::Http1
                     },
+                    namespaces_per_connection: usize::from(args.namespaces_per_connection),
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 /// Drops what the operator never reads from cached objects: managed fields and the
 /// last-applied annotation are most of a Deployment's size.
-fn slim<K: Resource>(obj: &mut K) {
+pub fn slim<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
     if let Some(a) = obj.meta_mut().annotations.as_mut() {
         a.remove("kubectl.kubernetes.io/last-applied-configuration");

@@ -176,6 +176,15 @@ async fn offboarding(client: Client) {
     ]);
     assert!(!ok && out.contains("forbidden"), "a write as the operator is refused after offboarding: {out}");
     assert!(Api::<App>::namespaced(client.clone(), &leave).get("stays").await.is_ok(), "App left in place");
+    // The guard skipped this namespace while it was onboarded; it lists Apps again once the
+    // namespace left the onboarded set, and says why nothing happens there any more.
+    let left: Api<App> = Api::namespaced(client.clone(), &leave);
+    wait_for(SETTLE, "the offboarded namespace's App marked NamespaceNotOnboarded", || async {
+        let app = left.get("stays").await.ok()?;
+        let ready = app.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?.clone();
+        (ready.reason == "NamespaceNotOnboarded").then_some(())
+    })
+    .await;
     assert!(
         Api::<Deployment>::namespaced(client.clone(), &leave).get("stays").await.is_ok(),
         "Deployment left in place"

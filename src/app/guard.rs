@@ -1,14 +1,22 @@
 //! Apps in namespaces that no Tenant has onboarded: Flotilla has no rights there, so it acts
 //! on nothing and says why, once, on the App itself (status condition and a Warning Event).
 //! It never retries: the App is looked at again only when it or the onboarded set changes.
+//!
+//! Every replica watches Apps cluster-wide for this, so the guard keeps as little as it can:
+//! metadata only (the App itself is read when there is something to report), and only Apps
+//! in namespaces no Tenant onboarded. With 10,000 Apps in onboarded namespaces its cache is
+//! empty. When a namespace leaves the onboarded set, the watch is started again, so that the
+//! Apps it had skipped there are listed.
 
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::DynamicObject;
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector;
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::watch;
@@ -22,6 +30,7 @@ use crate::api::{App, AppPhase, AppStatus};
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::tenancy::served::Ownership;
+use crate::watch_cache::slim;
 
 /// Reason on the Ready condition of an App in a namespace no Tenant onboarded.
 pub const NOT_ONBOARDED: &str = "NamespaceNotOnboarded";
@@ -56,8 +65,8 @@ pub fn not_onboarded_status(app: &App, now: Timestamp) -> Option<AppStatus> {
     })
 }
 
-async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Action, ReconcileError> {
-    let namespace = obj.namespace().unwrap_or_default();
+async fn reconcile(meta: Arc<PartialObjectMeta<App>>, ctx: Arc<GuardContext>) -> Result<Action, ReconcileError> {
+    let namespace = meta.namespace().unwrap_or_default();
     {
         let ownership = ctx.ownership.borrow();
         // Another replica answers for namespaces outside our shards; served ones are fine.
@@ -66,14 +75,21 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
         }
     }
     let started = Instant::now();
-    let Ok(app) = serde_json::to_value(obj.as_ref()).and_then(serde_json::from_value::<App>) else {
+    // Read as a dynamic object, like the App controller does, so that a malformed App is
+    // skipped rather than failing the read.
+    let name = meta.name_any();
+    let obj = match apps_api(&ctx.client, &Scope::Namespace(namespace.clone())).get_opt(&name).await {
+        Ok(Some(obj)) => obj,
+        Ok(None) => return Ok(Action::await_change()),
+        Err(source) => return Err(ReconcileError::Read { kind: "App", namespace, name, source }),
+    };
+    let Ok(app) = serde_json::to_value(&obj).and_then(serde_json::from_value::<App>) else {
         return Ok(Action::await_change());
     };
     let now = now_to_the_second();
     let Some(status) = not_onboarded_status(&app, now) else {
         return Ok(Action::await_change());
     };
-    let name = app.name_any();
     if !ctx.fence.may_write(&namespace) {
         return Ok(Action::await_change());
     }
@@ -99,9 +115,19 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
     Ok(Action::await_change())
 }
 
-fn error_policy(_obj: Arc<DynamicObject>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
+fn error_policy(_obj: Arc<PartialObjectMeta<App>>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
     warn!(error = %err, "could not report an App outside onboarded namespaces");
     Action::requeue(std::time::Duration::from_secs(60))
+}
+
+/// Whether the guard keeps an App of `namespace` in its cache. Pure.
+pub fn guarded(namespace: Option<&str>, onboarded: &BTreeSet<String>) -> bool {
+    namespace.is_some_and(|ns| !onboarded.contains(ns))
+}
+
+/// Whether a namespace the guard skipped is no longer onboarded (its Apps must be listed). Pure.
+pub fn onboarded_set_shrank(skipped: &BTreeSet<String>, now: &BTreeSet<String>) -> bool {
+    !skipped.is_subset(now)
 }
 
 /// Runs the guard until `shutdown`; looks at every App again whenever the served set changes.
@@ -113,23 +139,76 @@ pub async fn guard(
     fence: Fence,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let app_resource = kube::api::ApiResource::erase::<App>(&());
-    let api = apps_api(&client, &Scope::All);
-    let changes = futures::stream::unfold(ownership.clone(), |mut rx| async move {
+    let ctx = Arc::new(GuardContext {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        metrics,
+        app_resource: kube::api::ApiResource::erase::<App>(&()),
+        ownership: ownership.clone(),
+        fence,
+    });
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let skipped = ownership.borrow().onboarded.clone();
+        let mut shrank = ownership.clone();
+        let restart = {
+            let skipped = skipped.clone();
+            async move {
+                let _ = shrank.wait_for(|o| onboarded_set_shrank(&skipped, &o.onboarded)).await;
+            }
+        };
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        let run = run_guard(client.clone(), ctx.clone(), ownership.clone(), skipped, async move {
+            let _ = stopped_rx.await;
+        });
+        let mut run = std::pin::pin!(run);
+        tokio::select! {
+            _ = &mut shutdown => {
+                let _ = stopped_tx.send(());
+                run.await;
+                return;
+            }
+            _ = restart => {
+                info!("a namespace left the onboarded set; listing Apps again for the guard");
+                let _ = stopped_tx.send(());
+                run.await;
+            }
+            _ = &mut run => return,
+        }
+    }
+}
+
+/// One run of the guard's controller over a metadata watch that skips `skipped` namespaces.
+async fn run_guard(
+    client: Client,
+    ctx: Arc<GuardContext>,
+    ownership: watch::Receiver<Ownership>,
+    skipped: Arc<BTreeSet<String>>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let changes = futures::stream::unfold(ownership, |mut rx| async move {
         rx.changed().await.ok()?;
         Some(((), rx))
     });
-    let ctx = Arc::new(GuardContext {
-        recorder: Recorder::new(client.clone(), reporter),
-        client,
-        metrics,
-        app_resource: app_resource.clone(),
-        ownership,
-        fence,
-    });
-    Controller::new_with(api, watcher::Config::default(), app_resource)
+    let writer = reflector::store::Writer::<PartialObjectMeta<App>>::default();
+    let store = writer.as_reader();
+    let events = watcher(Api::<PartialObjectMeta<App>>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(slim::<PartialObjectMeta<App>>)
+        .filter(move |event| {
+            let keep = match event {
+                Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => {
+                    guarded(m.namespace().as_deref(), &skipped)
+                }
+                _ => true,
+            };
+            std::future::ready(keep)
+        })
+        .reflect(writer)
+        .touched_objects();
+    Controller::for_stream(events, store)
         .reconcile_all_on(changes)
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
@@ -143,6 +222,18 @@ pub async fn guard(
 mod tests {
     use super::*;
     use crate::api::AppSpec;
+
+    #[test]
+    fn only_apps_outside_onboarded_namespaces_are_kept() {
+        let onboarded: BTreeSet<String> = ["a", "b"].map(String::from).into();
+        assert!(!guarded(Some("a"), &onboarded));
+        assert!(guarded(Some("c"), &onboarded));
+        assert!(!guarded(None, &onboarded));
+        let fewer: BTreeSet<String> = ["b", "c"].map(String::from).into();
+        assert!(onboarded_set_shrank(&onboarded, &fewer), "a left: its Apps must be listed");
+        let more: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
+        assert!(!onboarded_set_shrank(&onboarded, &more), "growing needs no new list");
+    }
 
     #[test]
     fn marks_once_and_keeps_current_version() {

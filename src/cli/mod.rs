@@ -146,11 +146,17 @@ pub struct RunArgs {
     /// created by the first replica when missing.
     #[arg(long, env = "FLOTILLA_WEBHOOK_SECRET", default_value = "flotilla-webhook-cert")]
     pub webhook_secret: String,
-    /// Talk HTTP/2 to the apiserver: one multiplexed connection per shard and one for the
-    /// Leases, instead of a connection per watch. Turn it off only where the path to the
-    /// apiserver does not pass HTTP/2 (some proxies).
+    /// Talk HTTP/2 to the apiserver: a multiplexed connection per few served namespaces and
+    /// one for the Leases, instead of a connection per watch. Turn it off only where the path
+    /// to the apiserver does not pass HTTP/2 (some proxies).
     #[arg(long, env = "FLOTILLA_API_HTTP2", default_value_t = true, action = clap::ArgAction::Set)]
     pub api_http2: bool,
+    /// Served namespaces per connection to the apiserver. Each has 4 watches, and
+    /// kube-apiserver allows 100 concurrent streams per HTTP/2 connection by default
+    /// (--http2-max-streams-per-connection); 16 leaves 36 streams for requests. Keep
+    /// 4 x this well under the apiserver's limit.
+    #[arg(long, env = "FLOTILLA_NAMESPACES_PER_CONNECTION", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub namespaces_per_connection: u16,
 }
 
 /// Accepts an https:// URL (the apiserver calls webhooks over TLS only).

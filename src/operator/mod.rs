@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod clients;
+pub mod packing;
 
 use kube::runtime::events::Reporter;
 use kube::{Client, Config};
@@ -23,7 +24,7 @@ use crate::sharding::singleton::run_singleton;
 use crate::telemetry::Metrics;
 use crate::tenancy::OperatorIdentity;
 use crate::tenancy::controller::tenant_controller;
-use crate::tenancy::served::ServedChannels;
+use crate::tenancy::served::{ServedChannels, ServedConnections};
 use crate::webhook::WebhookSettings;
 use std::time::Duration;
 
@@ -43,6 +44,8 @@ pub struct Settings {
     pub webhook: Option<WebhookSettings>,
     /// HTTP/2 (multiplexed) or HTTP/1.1 to the apiserver.
     pub protocol: Protocol,
+    /// Served namespaces that share one connection (see `packing`).
+    pub namespaces_per_connection: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +86,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         prometheus_url: None,
         webhook: None,
         protocol: Protocol::Http1,
+        namespaces_per_connection: 1,
     };
     Ok(clients(&settings).await?.client()?)
 }
@@ -171,7 +175,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             let (ownership_tx, ownership_rx) = watch::channel(Default::default());
             let fence = Fence::new(settings.sharding.shards, settings.sharding.renew_deadline);
             // Leases and the singleton's election on a connection of their own: renewals must not
-            // queue behind the bulk work of the replica's other clients.
+            // queue behind the bulk work of the replica's other connections.
             let control = clients.client()?;
             let leases = Leases::new(
                 control.clone(),
@@ -217,8 +221,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 stopped(stop_rx.clone()),
             )));
             tasks.push(tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
-                client,
-                clients,
+                ServedConnections { client, clients, namespaces_per_connection: settings.namespaces_per_connection },
                 shared,
                 settings.sharding.shards,
                 ServedChannels { held_rx, working_tx, ownership_tx, fence },

@@ -17,6 +17,7 @@ pub struct Metrics {
     errors: IntCounterVec,
     drift_corrections: IntCounterVec,
     namespaces_served: IntGauge,
+    namespace_connections: IntGauge,
     apps_not_onboarded: IntCounter,
     shards_held: IntGauge,
     shards_configured: IntGauge,
@@ -62,6 +63,10 @@ impl Metrics {
         let namespaces_served = IntGauge::new(
             "flotilla_namespaces_served",
             "Onboarded namespaces this replica runs an App controller for.",
+        )?;
+        let namespace_connections = IntGauge::new(
+            "flotilla_namespace_connections",
+            "Connections to the apiserver that carry the served namespaces' watches and requests.",
         )?;
         let apps_not_onboarded = IntCounter::new(
             "flotilla_apps_not_onboarded_total",
@@ -120,6 +125,7 @@ impl Metrics {
         registry.register(Box::new(lease_events.clone()))?;
         registry.register(Box::new(seconds_since_renew.clone()))?;
         registry.register(Box::new(namespaces_served.clone()))?;
+        registry.register(Box::new(namespace_connections.clone()))?;
         registry.register(Box::new(apps_not_onboarded.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(reconcile_duration.clone()))?;
@@ -160,6 +166,7 @@ impl Metrics {
             errors,
             drift_corrections,
             namespaces_served,
+            namespace_connections,
             apps_not_onboarded,
             shards_held,
             shards_configured,
@@ -211,6 +218,10 @@ impl Metrics {
 
     pub fn namespaces_served(&self, n: usize) {
         self.namespaces_served.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn namespace_connections(&self, n: usize) {
+        self.namespace_connections.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn shards_held(&self, n: usize, seconds_since_renew: f64) {

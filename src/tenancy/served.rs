@@ -16,6 +16,7 @@ use tracing::{info, warn};
 use crate::api::{NamespaceState, Tenant};
 use crate::app::controller::{Scope, ServedBy, Shared, app_controller};
 use crate::operator::clients::Clients;
+use crate::operator::packing::Packing;
 use crate::sharding::fence::Fence;
 use crate::sharding::shard_of;
 use crate::watch_cache::cache;
@@ -41,36 +42,24 @@ pub fn changes(running: &BTreeSet<String>, wanted: &BTreeSet<String>) -> (Vec<St
     (wanted.difference(running).cloned().collect(), running.difference(wanted).cloned().collect())
 }
 
-/// One client, so one HTTP/2 connection, per shard with served namespaces: a shard's
-/// namespaces have a few hundred watches at most, well under the apiserver's 1000 streams
-/// per connection, and a shard's connection closes when the shard moves away.
-struct ShardClients {
+/// The clients of served namespaces: a few namespaces per client, so per HTTP/2
+/// connection (see `operator::packing`).
+struct NamespaceClients {
     clients: Clients,
     /// Used when a new client cannot be built (the configuration was already good once).
     fallback: Client,
-    shards: u32,
-    by_shard: BTreeMap<u32, Client>,
+    packing: Packing<Client>,
 }
 
-impl ShardClients {
+impl NamespaceClients {
     fn for_namespace(&mut self, namespace: &str) -> Client {
-        let shard = shard_of(namespace, self.shards);
-        let Self { clients, fallback, by_shard, .. } = self;
-        by_shard
-            .entry(shard)
-            .or_insert_with(|| {
-                clients.client().unwrap_or_else(|e| {
-                    warn!(shard, error = %e, "no client of its own for the shard; sharing the replica's");
-                    fallback.clone()
-                })
+        let Self { clients, fallback, packing } = self;
+        packing.assign(namespace, || {
+            clients.client().unwrap_or_else(|e| {
+                warn!(namespace, error = %e, "no connection of its own for the namespace; sharing the replica's");
+                fallback.clone()
             })
-            .clone()
-    }
-
-    /// Drops the clients of shards without served namespaces (their connections close once
-    /// the last watch on them has ended).
-    fn keep(&mut self, working: &BTreeSet<u32>) {
-        self.by_shard.retain(|shard, _| working.contains(shard));
+        })
     }
 }
 
@@ -84,7 +73,7 @@ async fn converge_workers(
     workers: &mut BTreeMap<String, NamespaceWorker>,
     wanted: &BTreeSet<String>,
     owners: &BTreeMap<String, String>,
-    clients: &mut ShardClients,
+    clients: &mut NamespaceClients,
     shared: &Shared,
     fence: &Fence,
 ) {
@@ -98,6 +87,7 @@ async fn converge_workers(
             let _ = w.stop.send(true);
             w.task.abort();
             let _ = w.task.await;
+            clients.packing.release(&ns);
         }
     }
     for ns in start {
@@ -116,6 +106,7 @@ async fn converge_workers(
         workers.insert(ns, NamespaceWorker { stop: stop_tx, task: tokio::spawn(run) });
     }
     shared.metrics.namespaces_served(workers.len());
+    shared.metrics.namespace_connections(clients.packing.connections());
 }
 
 /// What this replica may act on: the shards it holds, and the onboarded namespaces in them.
@@ -124,6 +115,9 @@ pub struct Ownership {
     pub shards: u32,
     pub held: BTreeSet<u32>,
     pub served: BTreeSet<String>,
+    /// Every namespace some Tenant onboarded, in any shard: Apps there are some replica's
+    /// business, never the guard's.
+    pub onboarded: Arc<BTreeSet<String>>,
 }
 
 impl Ownership {
@@ -131,6 +125,14 @@ impl Ownership {
     pub fn owns(&self, namespace: &str) -> bool {
         self.held.contains(&shard_of(namespace, self.shards))
     }
+}
+
+/// How the supervisor reaches the apiserver: `client` for the Tenants, and new connections
+/// from `clients` for the served namespaces, `namespaces_per_connection` on each.
+pub struct ServedConnections {
+    pub client: Client,
+    pub clients: Clients,
+    pub namespaces_per_connection: usize,
 }
 
 /// Channels of the supervisor.
@@ -148,8 +150,7 @@ pub struct ServedChannels {
 /// Runs one App controller per served namespace (onboarded, in a held shard) until
 /// `shutdown`. `ready` turns true once the Tenant cache is synced.
 pub async fn serve_onboarded_namespaces(
-    client: Client,
-    clients: Clients,
+    connections: ServedConnections,
     shared: Shared,
     shards: u32,
     channels: ServedChannels,
@@ -157,10 +158,12 @@ pub async fn serve_onboarded_namespaces(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let ServedChannels { mut held_rx, working_tx, ownership_tx, fence } = channels;
+    let ServedConnections { client, clients, namespaces_per_connection } = connections;
     let (tenants, mut synced, events) = cache::<Tenant>(Api::all(client.clone()), watcher::Config::default(), ());
     let mut events = std::pin::pin!(events);
     let mut workers: BTreeMap<String, NamespaceWorker> = BTreeMap::new();
-    let mut shard_clients = ShardClients { clients, fallback: client.clone(), shards, by_shard: BTreeMap::new() };
+    let mut namespace_clients =
+        NamespaceClients { clients, fallback: client.clone(), packing: Packing::new(namespaces_per_connection) };
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
@@ -182,11 +185,11 @@ pub async fn serve_onboarded_namespaces(
         let owners = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
         let wanted: BTreeSet<String> =
             owners.keys().filter(|ns| held.contains(&shard_of(ns, shards))).cloned().collect();
-        converge_workers(&mut workers, &wanted, &owners, &mut shard_clients, &shared, &fence).await;
+        converge_workers(&mut workers, &wanted, &owners, &mut namespace_clients, &shared, &fence).await;
         let working: BTreeSet<u32> = workers.keys().map(|ns| shard_of(ns, shards)).collect();
-        shard_clients.keep(&working);
         working_tx.send_replace(working);
-        let ownership = Ownership { shards, held, served: wanted };
+        let onboarded = Arc::new(owners.keys().cloned().collect());
+        let ownership = Ownership { shards, held, served: wanted, onboarded };
         ownership_tx.send_if_modified(|current| {
             if *current != ownership {
                 *current = ownership;
