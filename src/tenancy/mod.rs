@@ -5,5 +5,6 @@ pub mod controller;
 pub mod desired;
 pub mod reconcile;
 pub mod served;
+mod unchanged;
 
 pub use desired::OperatorIdentity;

@@ -23,6 +23,7 @@ use super::desired::{
     ADMIN_BINDING, Claim, FINALIZER, LABEL_TENANT, OPERATOR_BINDING, OperatorIdentity, QUOTA, admin_binding,
     desired_namespace, namespace_owner, operator_binding, quota, refusal, tenant_name, tenant_status, to_offboard,
 };
+use super::unchanged::covers;
 use crate::api::{NamespaceState, NamespaceStatus, Tenant};
 use crate::app::names::FIELD_MANAGER;
 use crate::telemetry::Metrics;
@@ -350,31 +351,45 @@ async fn offboard_all(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, Te
     Ok(Action::await_change())
 }
 
+/// Applies `object`, unless the one in the cluster already says everything it says: the
+/// Tenant is looked at again every few minutes, and with a thousand namespaces re-applying
+/// would be thousands of (unchanging) writes each time; a read is cheaper.
 async fn apply<K>(api: &Api<K>, name: &str, object: &K, kind: &'static str) -> Result<(), TenantError>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Debug,
 {
+    let namespace = || object.meta().namespace.clone().unwrap_or_default();
+    let current = api.get_opt(name).await.map_err(|source| TenantError::Api {
+        action: "reading",
+        kind,
+        namespace: namespace(),
+        name: name.into(),
+        source,
+    })?;
+    if let Some(current) = current
+        && let (Ok(current), Ok(desired)) = (serde_json::to_value(&current), serde_json::to_value(object))
+        && covers(&current, &desired)
+    {
+        return Ok(());
+    }
     api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object)).await.map(|_| ()).map_err(
-        |source| TenantError::Api {
-            action: "applying",
-            kind,
-            namespace: object.meta().namespace.clone().unwrap_or_default(),
-            name: name.into(),
-            source,
-        },
+        |source| TenantError::Api { action: "applying", kind, namespace: namespace(), name: name.into(), source },
     )
 }
 
+/// Deletes an object if it exists (read first, for the same reason as `apply`).
 async fn delete<K>(api: &Api<K>, name: &str, kind: &'static str) -> Result<(), TenantError>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
+    let error = |action, source| TenantError::Api { action, kind, namespace: String::new(), name: name.into(), source };
+    if api.get_opt(name).await.map_err(|source| error("reading", source))?.is_none() {
+        return Ok(());
+    }
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => {
-            Err(TenantError::Api { action: "deleting", kind, namespace: String::new(), name: name.into(), source })
-        }
+        Err(source) => Err(error("deleting", source)),
     }
 }
 
