@@ -184,6 +184,7 @@ fn main() -> ExitCode {
                         flotilla::operator::clients::Protocol::Http1
                     },
                     namespaces_per_connection: usize::from(args.namespaces_per_connection),
+                    max_requests_in_flight: usize::from(args.max_requests_in_flight),
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,

@@ -2,15 +2,15 @@
 //! on nothing and says why, once, on the App itself (status condition and a Warning Event).
 //! It never retries: the App is looked at again only when it or the onboarded set changes.
 //!
-//! Every replica watches Apps cluster-wide for this, so the guard keeps as little as it can:
-//! metadata only (the App itself is read when there is something to report), and only Apps
-//! in namespaces no Tenant onboarded. With 10,000 Apps in onboarded namespaces its cache is
-//! empty. When a namespace leaves the onboarded set, the watch is started again, so that the
-//! Apps it had skipped there are listed.
+//! Every replica watches Apps cluster-wide for this, so the guard keeps only the Apps in
+//! namespaces no Tenant onboarded: with 10,000 Apps in onboarded namespaces its cache is
+//! empty (it held every App of the cluster, in full, on every replica). When the onboarded
+//! set changes (and has settled), the watch is started again: the Apps of a namespace that
+//! left it are listed, those of one that joined it dropped.
 
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector;
@@ -65,8 +65,8 @@ pub fn not_onboarded_status(app: &App, now: Timestamp) -> Option<AppStatus> {
     })
 }
 
-async fn reconcile(meta: Arc<PartialObjectMeta<App>>, ctx: Arc<GuardContext>) -> Result<Action, ReconcileError> {
-    let namespace = meta.namespace().unwrap_or_default();
+async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Action, ReconcileError> {
+    let namespace = obj.namespace().unwrap_or_default();
     {
         let ownership = ctx.ownership.borrow();
         // Another replica answers for namespaces outside our shards; served ones are fine.
@@ -75,17 +75,10 @@ async fn reconcile(meta: Arc<PartialObjectMeta<App>>, ctx: Arc<GuardContext>) ->
         }
     }
     let started = Instant::now();
-    // Read as a dynamic object, like the App controller does, so that a malformed App is
-    // skipped rather than failing the read.
-    let name = meta.name_any();
-    let obj = match apps_api(&ctx.client, &Scope::Namespace(namespace.clone())).get_opt(&name).await {
-        Ok(Some(obj)) => obj,
-        Ok(None) => return Ok(Action::await_change()),
-        Err(source) => return Err(ReconcileError::Read { kind: "App", namespace, name, source }),
-    };
-    let Ok(app) = serde_json::to_value(&obj).and_then(serde_json::from_value::<App>) else {
+    let Ok(app) = serde_json::to_value(obj.as_ref()).and_then(serde_json::from_value::<App>) else {
         return Ok(Action::await_change());
     };
+    let name = app.name_any();
     let now = now_to_the_second();
     let Some(status) = not_onboarded_status(&app, now) else {
         return Ok(Action::await_change());
@@ -115,7 +108,7 @@ async fn reconcile(meta: Arc<PartialObjectMeta<App>>, ctx: Arc<GuardContext>) ->
     Ok(Action::await_change())
 }
 
-fn error_policy(_obj: Arc<PartialObjectMeta<App>>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
+fn error_policy(_obj: Arc<DynamicObject>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
     warn!(error = %err, "could not report an App outside onboarded namespaces");
     Action::requeue(std::time::Duration::from_secs(60))
 }
@@ -123,11 +116,6 @@ fn error_policy(_obj: Arc<PartialObjectMeta<App>>, err: &ReconcileError, _ctx: A
 /// Whether the guard keeps an App of `namespace` in its cache. Pure.
 pub fn guarded(namespace: Option<&str>, onboarded: &BTreeSet<String>) -> bool {
     namespace.is_some_and(|ns| !onboarded.contains(ns))
-}
-
-/// Whether a namespace the guard skipped is no longer onboarded (its Apps must be listed). Pure.
-pub fn onboarded_set_shrank(skipped: &BTreeSet<String>, now: &BTreeSet<String>) -> bool {
-    !skipped.is_subset(now)
 }
 
 /// Runs the guard until `shutdown`; looks at every App again whenever the served set changes.
@@ -148,15 +136,15 @@ pub async fn guard(
         fence,
     });
     let mut shutdown = std::pin::pin!(shutdown);
+    // Until the Tenants are known, every namespace would look un-onboarded.
+    let mut published = ownership.clone();
+    tokio::select! {
+        _ = &mut shutdown => return,
+        first = published.wait_for(|o| o.shards > 0) => if first.is_err() { return },
+    }
     loop {
         let skipped = ownership.borrow().onboarded.clone();
-        let mut shrank = ownership.clone();
-        let restart = {
-            let skipped = skipped.clone();
-            async move {
-                let _ = shrank.wait_for(|o| onboarded_set_shrank(&skipped, &o.onboarded)).await;
-            }
-        };
+        let restart = relist_needed(ownership.clone(), skipped.clone());
         let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
         let run = run_guard(client.clone(), ctx.clone(), ownership.clone(), skipped, async move {
             let _ = stopped_rx.await;
@@ -169,7 +157,7 @@ pub async fn guard(
                 return;
             }
             _ = restart => {
-                info!("a namespace left the onboarded set; listing Apps again for the guard");
+                info!("the onboarded namespaces changed; listing Apps again for the guard");
                 let _ = stopped_tx.send(());
                 run.await;
             }
@@ -178,7 +166,21 @@ pub async fn guard(
     }
 }
 
-/// One run of the guard's controller over a metadata watch that skips `skipped` namespaces.
+/// How long the onboarded set must stay unchanged before the guard lists Apps again: a
+/// Tenant onboarding many namespaces changes it many times within seconds.
+const ONBOARDED_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Resolves once the onboarded set differs from `skipped` and has been quiet for
+/// `ONBOARDED_SETTLE`. A namespace that left the set must be listed (its Apps were skipped);
+/// one that joined it only frees memory, but both are rare.
+async fn relist_needed(mut ownership: watch::Receiver<Ownership>, skipped: Arc<BTreeSet<String>>) {
+    if ownership.wait_for(|o| o.onboarded != skipped).await.is_err() {
+        return std::future::pending().await;
+    }
+    while let Ok(Ok(())) = tokio::time::timeout(ONBOARDED_SETTLE, ownership.changed()).await {}
+}
+
+/// One run of the guard's controller over a watch of Apps that skips `skipped` namespaces.
 async fn run_guard(
     client: Client,
     ctx: Arc<GuardContext>,
@@ -190,11 +192,11 @@ async fn run_guard(
         rx.changed().await.ok()?;
         Some(((), rx))
     });
-    let writer = reflector::store::Writer::<PartialObjectMeta<App>>::default();
+    let writer = reflector::store::Writer::<DynamicObject>::new(ctx.app_resource.clone());
     let store = writer.as_reader();
-    let events = watcher(Api::<PartialObjectMeta<App>>::all(client), watcher::Config::default())
+    let events = watcher(apps_api(&client, &Scope::All), watcher::Config::default())
         .default_backoff()
-        .modify(slim::<PartialObjectMeta<App>>)
+        .modify(slim::<DynamicObject>)
         .filter(move |event| {
             let keep = match event {
                 Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => {
@@ -206,7 +208,7 @@ async fn run_guard(
         })
         .reflect(writer)
         .touched_objects();
-    Controller::for_stream(events, store)
+    Controller::for_stream_with(events, store, ctx.app_resource.clone())
         .reconcile_all_on(changes)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
@@ -229,10 +231,6 @@ mod tests {
         assert!(!guarded(Some("a"), &onboarded));
         assert!(guarded(Some("c"), &onboarded));
         assert!(!guarded(None, &onboarded));
-        let fewer: BTreeSet<String> = ["b", "c"].map(String::from).into();
-        assert!(onboarded_set_shrank(&onboarded, &fewer), "a left: its Apps must be listed");
-        let more: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
-        assert!(!onboarded_set_shrank(&onboarded, &more), "growing needs no new list");
     }
 
     #[test]

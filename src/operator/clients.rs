@@ -5,20 +5,33 @@
 //! four watches each, held thousands of connections (most of its memory, and much of the
 //! apiserver's work). The apiserver speaks HTTP/2, so this builds kube's own layers (base URI,
 //! auth, headers, retries) over a hyper client that speaks HTTP/2 only: one connection
-//! multiplexes every request and watch of the client. The apiserver allows 1000 concurrent
+//! multiplexes every request and watch of the client. The apiserver allows 100 concurrent
 //! streams per connection and hyper queues requests past that rather than opening a second
-//! connection, so the replica keeps one client per shard (a shard's namespaces have far
-//! fewer watches than that) and one for its Leases, whose renewals then never wait behind
-//! bulk work on the same connection.
+//! connection, so served namespaces are packed a few to a client (`packing`), and the
+//! Leases have a client of their own, whose renewals then never wait behind bulk work.
+//!
+//! All clients but the Leases' share one bound on requests in flight. A replica that starts
+//! serving a few hundred namespaces would otherwise send thousands of writes at once; at
+//! 10,000 Apps that made the apiserver time out Service creations (their ClusterIP
+//! allocation) after 34 s, the retries added to the pile, and little converged. Waiting in
+//! the replica costs nothing; a watch holds its permit only until its response starts.
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
+use kube::client::{Body, ConfigExt};
 use kube::{Client, Config};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
+use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::retry::RetryLayer;
 use tower::{BoxError, ServiceBuilder};
+use tower_http::classify::ServerErrorsFailureClass;
+use tower_http::trace::TraceLayer;
+use tracing::Span;
 
 /// Pings on an otherwise quiet connection, so that a dead peer (a restarted apiserver, a
 /// dropped NAT entry) is noticed within `KEEP_ALIVE + KEEP_ALIVE_TIMEOUT`, not at the next
@@ -28,8 +41,6 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("building the Kubernetes client: {0}")]
-    Kube(#[source] kube::Error),
     #[error("TLS settings of the Kubernetes client: {0}")]
     Tls(#[source] kube::Error),
     #[error("authentication settings of the Kubernetes client: {0}")]
@@ -43,62 +54,94 @@ pub enum ClientError {
 pub enum Protocol {
     /// One multiplexed HTTP/2 connection per client (TLS with ALPN `h2`, or cleartext h2c).
     Http2,
-    /// kube's own client: one connection per concurrent request or watch. For a path to the
-    /// apiserver that does not pass HTTP/2 (some proxies).
+    /// HTTP/1.1, as kube's own client: one connection per concurrent request or watch. For a
+    /// path to the apiserver that does not pass HTTP/2 (some proxies).
     Http1,
 }
 
-/// Builds clients that share one configuration; each client has its own connection.
+/// Builds clients that share one configuration; each client has its own connection(s).
 #[derive(Clone)]
 pub struct Clients {
     config: Config,
     protocol: Protocol,
+    in_flight: Option<Arc<Semaphore>>,
 }
 
 impl Clients {
     pub fn new(config: Config, protocol: Protocol) -> Self {
-        Self { config, protocol }
+        Self { config, protocol, in_flight: None }
     }
 
-    /// A new client, with a connection of its own.
+    /// A factory whose clients together have at most `max` requests in flight.
+    pub fn limited(&self, max: usize) -> Self {
+        Self { in_flight: Some(Arc::new(Semaphore::new(max.max(1)))), ..self.clone() }
+    }
+
+    /// A new client, with a connection of its own: kube's layers (base URI, retries, auth,
+    /// headers) over hyper.
     pub fn client(&self) -> Result<Client, ClientError> {
-        match self.protocol {
-            Protocol::Http1 => Client::try_from(self.config.clone()).map_err(ClientError::Kube),
-            Protocol::Http2 => http2_client(&self.config),
-        }
+        let config = &self.config;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(config.connect_timeout);
+        http.set_nodelay(true);
+        let tls = config.rustls_client_config().map_err(ClientError::Tls)?;
+        let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
+        let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+        builder.timer(TokioTimer::new()).pool_timer(TokioTimer::new());
+        let https = match self.protocol {
+            // ALPN `h2` only: the apiserver (Go's TLS server) speaks HTTP/2 only when offered.
+            Protocol::Http2 => {
+                builder
+                    .http2_only(true)
+                    .http2_keep_alive_interval(KEEP_ALIVE)
+                    .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+                    .http2_keep_alive_while_idle(true);
+                https.enable_http2().wrap_connector(http)
+            }
+            Protocol::Http1 => https.enable_http1().wrap_connector(http),
+        };
+        let hyper = builder.build(https);
+        let auth = config.auth_layer().map_err(ClientError::Auth)?;
+        let headers = config.extra_headers_layer().map_err(ClientError::Headers)?;
+        let service = ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(config.default_retry.then(|| RetryLayer::new(RetryPolicy::server_retry())))
+            .option_layer(auth)
+            .layer(headers)
+            // One debug span per request, named like kube's own (`HTTP`, with method, URL and
+            // status), so that traces show a reconcile's API calls as its children.
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(|req: &Request<Body>| {
+                        tracing::debug_span!(
+                            "HTTP",
+                            http.method = %req.method(),
+                            http.url = %req.uri(),
+                            http.status_code = tracing::field::Empty,
+                            otel.name = req.extensions().get::<&'static str>().unwrap_or(&"HTTP"),
+                            otel.kind = "client",
+                            otel.status_code = tracing::field::Empty,
+                        )
+                    })
+                    .on_request(())
+                    .on_response(|res: &Response<Incoming>, _: Duration, span: &Span| {
+                        span.record("http.status_code", res.status().as_u16());
+                        if res.status().is_client_error() || res.status().is_server_error() {
+                            span.record("otel.status_code", "ERROR");
+                        }
+                    })
+                    .on_body_chunk(())
+                    .on_eos(())
+                    .on_failure(|_: ServerErrorsFailureClass, _: Duration, span: &Span| {
+                        span.record("otel.status_code", "ERROR");
+                    }),
+            )
+            .option_layer(self.in_flight.clone().map(GlobalConcurrencyLimitLayer::with_semaphore))
+            .map_err(BoxError::from)
+            .service(hyper);
+        Ok(Client::new(service, config.default_namespace.clone()))
     }
-}
-
-fn http2_client(config: &Config) -> Result<Client, ClientError> {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(config.connect_timeout);
-    http.set_nodelay(true);
-    let tls = config.rustls_client_config().map_err(ClientError::Tls)?;
-    // ALPN `h2` only: the apiserver (Go's TLS server) speaks HTTP/2 only when it was offered.
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http2()
-        .wrap_connector(http);
-    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .pool_timer(TokioTimer::new())
-        .http2_only(true)
-        .http2_keep_alive_interval(KEEP_ALIVE)
-        .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .http2_keep_alive_while_idle(true)
-        .build(https);
-    let auth = config.auth_layer().map_err(ClientError::Auth)?;
-    let headers = config.extra_headers_layer().map_err(ClientError::Headers)?;
-    let service = ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.default_retry.then(|| RetryLayer::new(RetryPolicy::server_retry())))
-        .option_layer(auth)
-        .layer(headers)
-        .map_err(BoxError::from)
-        .service(hyper);
-    Ok(Client::new(service, config.default_namespace.clone()))
 }
 
 #[cfg(test)]
@@ -114,8 +157,11 @@ mod tests {
     #[tokio::test]
     async fn both_protocols_build_a_client_from_a_plain_config() {
         for protocol in [Protocol::Http2, Protocol::Http1] {
-            let client = Clients::new(config(), protocol).client();
-            assert!(client.is_ok(), "{protocol:?}: {:?}", client.err());
+            let clients = Clients::new(config(), protocol);
+            for clients in [clients.clone(), clients.limited(4)] {
+                let client = clients.client();
+                assert!(client.is_ok(), "{protocol:?}: {:?}", client.err());
+            }
         }
     }
 }

@@ -46,6 +46,8 @@ pub struct Settings {
     pub protocol: Protocol,
     /// Served namespaces that share one connection (see `packing`).
     pub namespaces_per_connection: usize,
+    /// Requests to the apiserver in flight at once, Lease requests excepted.
+    pub max_requests_in_flight: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +89,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         webhook: None,
         protocol: Protocol::Http1,
         namespaces_per_connection: 1,
+        max_requests_in_flight: 1,
     };
     Ok(clients(&settings).await?.client()?)
 }
@@ -134,7 +137,11 @@ async fn termination() {
 
 /// Runs the replica until SIGTERM.
 pub async fn run(settings: Settings) -> Result<(), OperatorError> {
-    let clients = clients(&settings).await?;
+    let all = clients(&settings).await?;
+    // Leases and the singleton's election on a connection of their own, outside the bound on
+    // requests in flight: renewals must never wait behind the replica's bulk work.
+    let control = all.client()?;
+    let clients = all.limited(settings.max_requests_in_flight);
     let client = clients.client()?;
     let metrics = Metrics::new()?;
     let ready = Arc::new(AtomicBool::new(false));
@@ -174,9 +181,6 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             let (working_tx, working_rx) = watch::channel(Default::default());
             let (ownership_tx, ownership_rx) = watch::channel(Default::default());
             let fence = Fence::new(settings.sharding.shards, settings.sharding.renew_deadline);
-            // Leases and the singleton's election on a connection of their own: renewals must not
-            // queue behind the bulk work of the replica's other connections.
-            let control = clients.client()?;
             let leases = Leases::new(
                 control.clone(),
                 &settings.identity.namespace,

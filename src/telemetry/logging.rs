@@ -40,12 +40,13 @@ pub fn init(json: bool, service_name: &str) -> Result<TelemetryGuard, TelemetryE
     } else {
         None
     };
-    // Traces get every reconcile span and, as its children, the API calls kube-client makes
-    // (its HTTP spans are at debug level), whatever the log level.
+    // Traces get every reconcile span and, as its children, the API calls (the HTTP spans of
+    // kube's client and of the replica's own, `operator::clients`, are at debug level),
+    // whatever the log level.
     let otel = provider.as_ref().map(|p| {
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer("flotilla"))
-            .with_filter(EnvFilter::new("info,kube_client=debug"))
+            .with_filter(EnvFilter::new("info,kube_client=debug,flotilla::operator::clients=debug"))
     });
     let registry = tracing_subscriber::registry().with(otel);
     if json {
