@@ -8,7 +8,7 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::api::AppStatus;
@@ -46,6 +46,8 @@ pub struct Context {
     pub fence: Option<Fence>,
     /// The tenant whose namespace this controller serves (for spans and logs).
     pub tenant: Option<String>,
+    /// Slots shared by the reconciles of every served namespace (see `reconcile`).
+    pub slots: Option<Arc<tokio::sync::Semaphore>>,
     failures: Mutex<HashMap<(String, String), u32>>,
     /// The status this replica last wrote per App, until the cache shows it.
     written: Mutex<HashMap<(String, String), (AppStatus, Instant)>>,
@@ -85,6 +87,7 @@ impl Context {
             synced,
             fence: None,
             tenant: None,
+            slots: None,
             failures: Mutex::default(),
             written: Mutex::default(),
             applied_services: Mutex::default(),

@@ -54,13 +54,15 @@ impl Scope {
     }
 }
 
-/// What every App controller of a replica shares: how Events name it, its metrics, and how
-/// it measures rollouts.
+/// What every App controller of a replica shares: how Events name it, its metrics, how it
+/// measures rollouts, and the slots its reconciles take turns in.
 #[derive(Clone)]
 pub struct Shared {
     pub reporter: Reporter,
     pub metrics: Metrics,
     pub analyzer: Analyzer,
+    /// Reconciles of all served namespaces running at once (`None`: no bound).
+    pub slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// The watch streams that fill the controller's caches of managed objects.
@@ -80,7 +82,7 @@ pub type Streams = ManagedStreams<
 /// The controller's context and the watch streams that fill its caches. The streams must
 /// be polled (the controller does; a test can drain them) for the caches to fill.
 pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
-    let Shared { reporter, metrics, analyzer } = shared;
+    let Shared { reporter, metrics, analyzer, slots } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector());
     let (deployments, deployments_synced, deployment_events) = cache::<Deployment>(scope.api(&client), managed(), ());
     let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
@@ -89,6 +91,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let app_resource = ApiResource::erase::<App>(&());
     let caches = Caches { deployments, hpas, services, synced: vec![deployments_synced, hpas_synced, services_synced] };
     let mut ctx = Context::new(client, recorder, metrics, app_resource, caches, analyzer);
+    ctx.slots = slots;
     if let Some(s) = served_by {
         ctx.fence = Some(s.fence);
         ctx.tenant = s.tenant;

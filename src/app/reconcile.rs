@@ -51,6 +51,13 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
     }
     span.record("namespace", namespace);
     span.record("app", obj.name_any());
+    // A replica that starts serving hundreds of namespaces has thousands of Apps to look at;
+    // all in flight at once, each would hold its parsed App and desired objects while waiting
+    // for the apiserver. They take turns in a few slots instead.
+    let _slot = match &ctx.slots {
+        Some(slots) => slots.clone().acquire_owned().await.ok(),
+        None => None,
+    };
     let started = Instant::now();
     let result = reconcile_app(&obj, &ctx).await;
     ctx.metrics.reconciled(CONTROLLER, started.elapsed(), result.as_ref().err().map(ReconcileError::kind));

@@ -158,8 +158,8 @@ pub struct RunArgs {
     #[arg(long, env = "FLOTILLA_NAMESPACES_PER_CONNECTION", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub namespaces_per_connection: u16,
     /// Requests this replica has in flight to the apiserver at once, Lease requests excepted
-    /// (a watch counts only until its response starts). Bounds the burst when a replica
-    /// starts serving many namespaces at once.
+    /// (a watch counts only until its response starts); twice as many reconciles run at once.
+    /// Bounds the burst (and the memory) when a replica starts serving many namespaces.
     #[arg(long, env = "FLOTILLA_MAX_REQUESTS_IN_FLIGHT", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_requests_in_flight: u16,
 }

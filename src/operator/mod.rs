@@ -167,6 +167,8 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         reporter: reporter.clone(),
         metrics: metrics.clone(),
         analyzer: Analyzer::new(settings.prometheus_url.clone())?,
+        // Twice the requests in flight: a reconcile sends its requests one after the other.
+        slots: Some(Arc::new(tokio::sync::Semaphore::new(settings.max_requests_in_flight.max(1) * 2))),
     };
     match &settings.namespace {
         // Single-namespace mode: the operator was given rights in this namespace directly.
