@@ -43,6 +43,20 @@ bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
 bash hack/cluster.sh up "$CLUSTER" --disable-qps-limits >/dev/null
 KUBECONFIG=$(bash hack/cluster.sh kubeconfig "$CLUSTER"); export KUBECONFIG
 AUDIT=$(bash hack/cluster.sh audit-log "$CLUSTER")
+# The apiserver rotates its audit log at 100 MB (a 10k run writes several), so windows are
+# cut by time, across the log and its rotated files, not by line numbers.
+stamp() { date -u +%Y-%m-%dT%H:%M:%S.%6NZ; }
+audit_between() { # audit_between FROM TO: the audit events completed in [FROM, TO), JSON lines
+  python3 - "$1" "$2" "$(dirname "$AUDIT")" <<'PY'
+import glob, json, os, sys
+start, end, logs = sys.argv[1], sys.argv[2], sys.argv[3]
+for path in sorted(glob.glob(os.path.join(logs, "audit*.log")), key=os.path.getmtime):
+    for line in open(path):
+        e = json.loads(line)
+        if start <= e.get("stageTimestamp", "") < end:
+            sys.stdout.write(line)
+PY
+}
 echo ">> release build"
 cargo build --locked --release --bin flotilla 2>&1 | tail -1
 BIN=$CARGO_TARGET_DIR/release/flotilla
@@ -132,7 +146,7 @@ until [ "$(kubectl get tenants -o jsonpath='{range .items[*]}{.status.namespaces
 done
 make_files scale App
 echo ">> creating $APPS Apps"
-conv_from=$(wc -l <"$AUDIT")
+conv_from=$(stamp)
 t0=$(now); start=$(date +%s)
 create_all scale
 converged() {
@@ -141,13 +155,13 @@ converged() {
 }
 until converged; do sleep "$POLL"; done
 flotilla=$(since "$t0"); converged_at=$(date +%s)
-conv_to=$(wc -l <"$AUDIT")
+conv_to=$(stamp)
 echo "   every App has its Deployment and a current Healthy status after ${flotilla}s"
 
 echo ">> idle for ${IDLE}s: writes by the operator in tenant namespaces"
-idle_from=$(wc -l <"$AUDIT")
+idle_from=$(stamp)
 sleep "$IDLE"
-idle_writes=$(tail -n +"$((idle_from + 1))" "$AUDIT" | python3 -c '
+idle_writes=$(audit_between "$idle_from" "$(stamp)" | python3 -c '
 import json, sys
 n = 0
 for line in sys.stdin:
@@ -182,16 +196,14 @@ for i in 0 1 2; do
   steady=$(awk -v r="$i" -v a="$converged_at" -v b="$steady_at" '$2==r && $1>=a && $1<=b {s+=$3; n++} END{printf "%.0f", (n?s/n:0)/1024}' "$WORK/rss")
   cpu=$(awk -v t="$tck" '{printf "%.1f", ($14+$15)/t}' "/proc/$pid/stat")
   conns=$(ss -tnp 2>/dev/null | grep "pid=$pid," | grep -c ":$api_port " || true)
-  requests=$(python3 - "$AUDIT" "scale-$i" <<'PY'
+  requests=$(audit_between 0 9 | python3 -c '
 import json, sys
 ids = set()
-for line in open(sys.argv[1]):
+for line in sys.stdin:
     e = json.loads(line)
-    if e.get("userAgent", "").endswith(f"({sys.argv[2]})"):
+    if e.get("userAgent", "").endswith(f"({sys.argv[1]})"):
         ids.add(e.get("auditID"))
-print(len(ids))
-PY
-)
+print(len(ids))' "scale-$i")
   rows+=("| scale-$i | $peak MiB | $steady MiB | $cpu s | $conns | $requests |")
   json_replicas+=("{\"replica\":\"scale-$i\",\"peak_rss_mib\":$peak,\"steady_rss_mib\":$steady,\"cpu_seconds\":$cpu,\"apiserver_connections\":$conns,\"requests\":$requests}")
 done
@@ -227,9 +239,11 @@ if [ "$FAILOVER" = 1 ]; then
   echo ">> failover with $APPS Apps present: kill -9 of scale-0, changes in $(sample_ns | wc -l) namespaces"
   t0=$(now)
   kill -9 "${PIDS[0]}"
-  change_sample f1
+  change_sample f1 &
+  changer=$!
   until held_by scale-1 scale-2; do sleep 0.2; done
   kill_held=$(since "$t0")
+  wait "$changer"
   until sample_at f1; do sleep 0.5; done
   kill_reconciled=$(since "$t0")
   echo "   every shard held by the survivors after ${kill_held}s; every changed App reconciled after ${kill_reconciled}s"
@@ -242,9 +256,11 @@ if [ "$FAILOVER" = 1 ]; then
   echo ">> SIGTERM of scale-1, changes in the same namespaces"
   t0=$(now)
   kill -TERM "${PIDS[1]}"
-  change_sample f2
+  change_sample f2 &
+  changer=$!
   until held_by scale-0 scale-2; do sleep 0.2; done
   term_held=$(since "$t0")
+  wait "$changer"
   until sample_at f2; do sleep 0.5; done
   term_reconciled=$(since "$t0")
   echo "   every shard held by the others after ${term_held}s; every changed App reconciled after ${term_reconciled}s"
@@ -282,8 +298,8 @@ echo "Writes by the operator in the tenant namespaces per App, until every App c
 echo "log; the bare client writes one object per Deployment; the controller-manager's writes"
 echo "for the Deployments are the same in both runs):"
 echo
-writes() { # $1 $2: audit line range, $3: prefix of the namespaces, $4: objects created
-  sed -n "$(( $1 + 1 )),$2p" "$AUDIT" | python3 -c '
+writes() { # $1 $2: time window, $3: prefix of the namespaces, $4: objects created
+  audit_between "$1" "$2" | python3 -c '
 import collections, json, sys
 prefix, objects = sys.argv[1], int(sys.argv[2])
 counts = collections.Counter()

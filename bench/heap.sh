@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Heap profile of one replica holding APPS Apps in NAMESPACES namespaces: which allocation
+# sites hold the memory once every App has converged. Runs the release build under heaptrack
+# (Debian package `heaptrack`, installed here when missing) on a private local control plane,
+# then prints heaptrack's top consumers of memory at the peak.
+#
+#   bash bench/heap.sh [NAMESPACES] [APPS]      default 20 namespaces, 1000 Apps
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+. "$here/hack/versions.sh"
+cd "$here"
+NAMESPACES=${1:-20}
+APPS=${2:-1000}
+CLUSTER=flotilla-bench-heap
+WORK=$(mktemp -d)
+export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
+per_ns=$(( (APPS + NAMESPACES - 1) / NAMESPACES ))
+
+bash hack/prerequisites.sh
+if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null; then
+  echo ">> installing heaptrack (apt-get)"
+  apt-get install -y heaptrack >/dev/null || {
+    echo "heaptrack is missing and could not be installed: run 'apt-get install heaptrack'" >&2
+    exit 1
+  }
+fi
+bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
+bash hack/cluster.sh up "$CLUSTER" --disable-qps-limits >/dev/null
+KUBECONFIG=$(bash hack/cluster.sh kubeconfig "$CLUSTER"); export KUBECONFIG
+cargo build --locked --release --bin flotilla 2>&1 | tail -1
+BIN=$CARGO_TARGET_DIR/release/flotilla
+PID=
+cleanup() {
+  [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null || true
+  bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
+list=$(seq -f "heap-%04g" 0 $((NAMESPACES - 1)) | paste -sd, -)
+printf 'apiVersion: flotilla.dev/v1beta1\nkind: Tenant\nmetadata: {name: heap}\nspec: {namespaces: [%s]}\n' "$list" | kubectl apply -f - >/dev/null
+heaptrack -o "$WORK/heap" "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9670 --webhook-addr 127.0.0.1:0 \
+  --replica-id heap-0 >"$WORK/replica.log" 2>&1 &
+PID=$!
+until curl -fs 127.0.0.1:9670/readyz >/dev/null 2>&1; do sleep 0.5; done
+until [ "$(kubectl get tenant heap -o jsonpath='{.status.namespaces[*].state}' | tr ' ' '\n' | grep -c '^Onboarded$')" -ge "$NAMESPACES" ]; do sleep 1; done
+echo ">> creating $APPS Apps in $NAMESPACES namespaces"
+n=0
+for ns in ${list//,/ }; do
+  for i in $(seq 0 $((per_ns - 1))); do
+    [ "$n" -ge "$APPS" ] && break
+    n=$((n + 1))
+    printf -- '---\napiVersion: flotilla.dev/v1beta1\nkind: App\nmetadata: {name: app-%d, namespace: %s}\nspec: {image: registry.example.com/bench/app, version: "1", replicas: 0}\n' "$i" "$ns"
+  done
+done >"$WORK/apps.yaml"
+kubectl create -f "$WORK/apps.yaml" >/dev/null
+until [ "$(kubectl get apps -A -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')" -ge "$APPS" ]; do sleep 2; done
+sleep 10
+rss=$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$(pgrep -P "$PID" -f "$BIN" || echo "$PID")/status" 2>/dev/null || echo "?")
+echo ">> every App Healthy; RSS of the replica under heaptrack: ${rss} MiB; stopping it"
+kill -INT "$(pgrep -P "$PID" -f "$BIN" || echo "$PID")" 2>/dev/null || true
+wait "$PID" || true
+PID=
+file=$(ls "$WORK"/heap* 2>/dev/null | head -1)
+[ -n "$file" ] || { echo "heaptrack wrote no profile; its output:" >&2; cat "$WORK/replica.log" >&2; exit 1; }
+mkdir -p "$FLOTILLA_CACHE/heap"
+kept="$FLOTILLA_CACHE/heap/$(date -u +%Y%m%dT%H%M%SZ)-$(basename "$file")"
+cp "$file" "$kept"
+echo ">> profile kept in $kept (heaptrack_gui or heaptrack_print can read it)"
+# Heap at its peak, by the first frame of the stack that names what holds the memory (a
+# cache's reflector, a serde_json value, an h2 buffer...), not by the allocator's own frames.
+heaptrack_print -f "$file" --print-peaks 0 --print-allocators 0 --print-temporary 0 --print-leaks 0 \
+  --print-flamegraph "$WORK/folded" --flamegraph-cost-type peak >/dev/null
+python3 - "$WORK/folded" <<'PY'
+import collections, re, sys
+skip = re.compile(r"^(alloc|core|std|__rust|<alloc|<core|hashbrown|<hashbrown|smallvec|bytes::|<bytes|malloc|operator new|heaptrack|\?\?|<\?\?)")
+by = collections.Counter()
+total = 0
+for line in open(sys.argv[1]):
+    stack, _, cost = line.rstrip().rpartition(" ")
+    cost = int(cost)
+    total += cost
+    frames = stack.split(";")[::-1]  # innermost first
+    owner = next((f for f in frames if not skip.match(f)), frames[0] if frames else "?")
+    by[re.sub(r"<.*", "", owner)[:110]] += cost
+print(f"heap at peak: {total / 2**20:.1f} MiB; largest holders (innermost frame outside alloc/core/std):")
+for name, cost in by.most_common(25):
+    print(f"  {cost / 2**20:7.2f} MiB  {100 * cost / total:5.1f}%  {name}")
+PY
