@@ -41,6 +41,8 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    #[error("building the Kubernetes client: {0}")]
+    Kube(#[source] kube::Error),
     #[error("TLS settings of the Kubernetes client: {0}")]
     Tls(#[source] kube::Error),
     #[error("authentication settings of the Kubernetes client: {0}")]
@@ -81,6 +83,11 @@ impl Clients {
     /// headers) over hyper.
     pub fn client(&self) -> Result<Client, ClientError> {
         let config = &self.config;
+        if config.proxy_url.is_some() {
+            // kube's own client knows the proxy protocols (HTTP CONNECT, SOCKS5); through a
+            // proxy a replica speaks HTTP/1.1 and its requests are not bounded.
+            return Client::try_from(config.clone()).map_err(ClientError::Kube);
+        }
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(config.connect_timeout);
