@@ -161,6 +161,9 @@ async fn invalid_apps_are_refused_with_the_field_named() {
         ("history limit zero", "history", with(json!({"rollout": {"historyLimit": 0}})), "spec.rollout.historyLimit"),
         ("name too long for derived objects", &long_name, ok.clone(), "metadata.name"),
         ("name not a DNS-1035 label", "1app", ok.clone(), "metadata.name"),
+        // App web's canary Deployment is web-canary: an App of that name would collide.
+        ("name of another App's canary", "web-canary", ok.clone(), "metadata.name"),
+        ("name of another App's preview", "web-preview", ok.clone(), "metadata.name"),
     ];
     let mut failures = Vec::new();
     for (what, name, spec, field) in &cases {

@@ -27,7 +27,7 @@ pub enum ReconcileError {
         "the caches of namespace {namespace} did not sync within {after:?} (can the operator list Deployments and HPAs there?)"
     )]
     CachesNotSynced { namespace: String, after: Duration },
-    #[error("applying {kind} {namespace}/{name}: {source}")]
+    #[error("applying {kind} {namespace}/{name}: {}", brief(.source))]
     Apply {
         kind: &'static str,
         namespace: String,
@@ -35,7 +35,7 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
-    #[error("reading {kind} {namespace}/{name}: {source}")]
+    #[error("reading {kind} {namespace}/{name}: {}", brief(.source))]
     Read {
         kind: &'static str,
         namespace: String,
@@ -43,7 +43,7 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
-    #[error("deleting {kind} {namespace}/{name}: {source}")]
+    #[error("deleting {kind} {namespace}/{name}: {}", brief(.source))]
     Delete {
         kind: &'static str,
         namespace: String,
@@ -51,13 +51,37 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
-    #[error("writing status of App {namespace}/{name}: {source}")]
+    #[error(
+        "{kind} {namespace}/{name} exists and is not controlled by this App: Flotilla leaves it as it is. Delete or rename it, or give the App another name"
+    )]
+    NameConflict { kind: &'static str, namespace: String, name: String },
+    #[error("writing status of App {namespace}/{name}: {}", brief(.source))]
     Status {
         namespace: String,
         name: String,
         #[source]
         source: kube::Error,
     },
+}
+
+/// What an apiserver error says, for status and Events: the apiserver's own message for an
+/// API error (never a dump of the client's types), a short description otherwise.
+pub fn brief(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if !status.message.is_empty() => {
+            format!("{} ({})", status.message, status.code)
+        }
+        kube::Error::Api(status) => format!("the apiserver answered {} {}", status.code, status.reason),
+        kube::Error::Service(e) if e.downcast_ref::<crate::operator::wire_fence::Fenced>().is_some() => {
+            "not sent: this replica's hold on the namespace's shard lapsed (fenced)".to_string()
+        }
+        kube::Error::Service(e) if e.downcast_ref::<tower::timeout::error::Elapsed>().is_some() => {
+            "the apiserver did not answer in time".to_string()
+        }
+        kube::Error::Service(_) | kube::Error::HyperError(_) => "the apiserver could not be reached".to_string(),
+        kube::Error::SerdeError(_) => "the apiserver's answer could not be read".to_string(),
+        _ => "the request failed".to_string(),
+    }
 }
 
 /// How a failure is retried.
@@ -72,28 +96,38 @@ pub enum ErrorClass {
     /// This replica's hold on the namespace's shard is not current: look again soon (the
     /// hold is renewed, or the namespace's controller is stopped).
     Fenced,
+    /// An object the App would derive exists and belongs to someone else: look again now
+    /// and then (it may be removed), without hammering.
+    NameConflict,
     /// Anything else (timeouts, 5xx): back off.
     Transient,
 }
 
 impl ReconcileError {
-    fn api_code(&self) -> Option<u16> {
-        let source = match self {
+    fn source_error(&self) -> Option<&kube::Error> {
+        match self {
             Self::Apply { source, .. }
             | Self::Read { source, .. }
             | Self::Delete { source, .. }
-            | Self::Status { source, .. } => source,
-            _ => return None,
-        };
-        match source {
+            | Self::Status { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    fn api_code(&self) -> Option<u16> {
+        match self.source_error()? {
             kube::Error::Api(status) => Some(status.code),
             _ => None,
         }
     }
 
     pub fn class(&self) -> ErrorClass {
+        if self.source_error().is_some_and(crate::operator::wire_fence::is_fenced) {
+            return ErrorClass::Fenced;
+        }
         match (self, self.api_code()) {
             (Self::Fenced { .. }, _) => ErrorClass::Fenced,
+            (Self::NameConflict { .. }, _) => ErrorClass::NameConflict,
             (Self::InvalidApp { .. } | Self::InvalidSettings { .. } | Self::NotStored { .. }, _) => ErrorClass::Invalid,
             (_, Some(409)) => ErrorClass::Conflict,
             (_, Some(403 | 404)) => ErrorClass::Refused,
@@ -108,6 +142,7 @@ impl ReconcileError {
             ErrorClass::Conflict => "conflict",
             ErrorClass::Refused => "refused",
             ErrorClass::Invalid => "invalid",
+            ErrorClass::NameConflict => "conflict",
             ErrorClass::Transient => "transient",
         }
     }
@@ -119,6 +154,7 @@ impl ReconcileError {
             Some(404) => "NotFound",
             _ => match self {
                 Self::InvalidApp { .. } | Self::InvalidSettings { .. } => "InvalidSpec",
+                Self::NameConflict { .. } => "NameConflict",
                 _ => "ReconcileError",
             },
         }
@@ -134,6 +170,9 @@ pub fn retry_delay(class: ErrorClass, failures: u32) -> Option<Duration> {
         ErrorClass::Fenced => Some(Duration::from_secs(2)),
         ErrorClass::Conflict => Some(Duration::from_secs(1u64 << (failures - 3).min(8))),
         ErrorClass::Invalid => None,
+        // 5 s, doubling to a minute: the object may go away at any time (only a look shows
+        // it when it is not one of the operator's own, which the caches do not watch).
+        ErrorClass::NameConflict => Some(Duration::from_secs((5u64 << failures.min(4)).min(60))),
         ErrorClass::Refused | ErrorClass::Transient => {
             let secs = 1u64.checked_shl(failures.min(16)).unwrap_or(u64::MAX).min(300);
             Some(Duration::from_secs(secs))
@@ -163,6 +202,19 @@ mod tests {
             name: "a".into(),
             source: kube::Error::Api(Box::new(status)),
         }
+    }
+
+    #[test]
+    fn messages_carry_the_apiservers_words_not_the_clients_types() {
+        let err = api_error(422);
+        let text = err.to_string();
+        assert_eq!(text, "applying Deployment n/a: x (422)");
+        assert!(!text.contains("Status {"), "{text}");
+        let conflict = ReconcileError::NameConflict { kind: "Service", namespace: "n".into(), name: "db".into() };
+        assert_eq!(conflict.reason(), "NameConflict");
+        assert_eq!(conflict.class(), ErrorClass::NameConflict);
+        let d = |n| retry_delay(ErrorClass::NameConflict, n).map(|d| d.as_secs());
+        assert_eq!([d(0), d(1), d(4), d(30)], [Some(5), Some(10), Some(60), Some(60)]);
     }
 
     #[test]

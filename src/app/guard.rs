@@ -86,7 +86,7 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
     if !ctx.fence.may_write(&namespace) {
         return Ok(Action::await_change());
     }
-    let result = write_status(&ctx.client, &namespace, &name, &status).await;
+    let result = write_status(&ctx.client, &namespace, &name, &status, app.metadata.resource_version.as_deref()).await;
     ctx.metrics.reconciled("guard", started.elapsed(), result.as_ref().err().map(|_| "refused"));
     result?;
     ctx.metrics.app_not_onboarded();

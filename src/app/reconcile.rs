@@ -4,7 +4,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
@@ -116,11 +116,16 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     let app_ref = app.object_ref(&());
     let spec_changed = app.status.as_ref().and_then(|s| s.observed_generation) != app.metadata.generation;
 
-    // Read: the App's objects from the caches.
+    // Read: the App's objects from the caches. One that carries Flotilla's labels but is not
+    // controlled by this App (another App's, or a hand-made one) is not planned from and
+    // never written: see `claim`.
     let get = |name: String| ctx.deployments.get(&ObjectRef::new(&name).within(&namespace));
-    let stable = get(names::stable_deployment_name(&name));
-    let canary = get(names::canary_deployment_name(&name));
-    let hpa = ctx.hpas.get(&ObjectRef::new(&names::hpa_name(&name)).within(&namespace));
+    let stable_cached = get(names::stable_deployment_name(&name));
+    let canary_cached = get(names::canary_deployment_name(&name));
+    let hpa_cached = ctx.hpas.get(&ObjectRef::new(&names::hpa_name(&name)).within(&namespace));
+    let stable = stable_cached.clone().filter(|d| controlled_by_app(d.as_ref(), &id));
+    let canary = canary_cached.clone().filter(|d| controlled_by_app(d.as_ref(), &id));
+    let hpa = hpa_cached.clone().filter(|h| controlled_by_app(h.as_ref(), &id));
     let observed = Observed { stable: stable.as_deref(), canary: canary.as_deref(), hpa: hpa.as_deref() };
     let now = crate::api::conditions::now_to_the_second();
     let invalid = |source| ReconcileError::InvalidSettings { namespace: namespace.clone(), name: name.clone(), source };
@@ -130,7 +135,8 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     let mut plan = planner::plan(&input).map_err(invalid)?;
     let measurements;
     if plan.analysis_due {
-        let stable_version = app.status.as_ref().and_then(|s| s.current_version.clone()).unwrap_or_default();
+        // The plan's stable version: recovered from the running Deployment when status lost it.
+        let stable_version = plan.status.current_version.clone().unwrap_or_default();
         measurements = ctx.analyzer.measure(&app, &stable_version, &ctx.metrics).await;
         plan = planner::plan(&Input { measurements: Some(&measurements), ..input }).map_err(invalid)?;
     }
@@ -138,17 +144,37 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     // A change the rollout makes to a Deployment is planned, not drift put back.
     let previous = app.status.clone().unwrap_or_default();
     let planned = spec_changed || rollout_moved(&previous, &plan.status);
+    let mut version = app.metadata.resource_version.clone();
+    let mut stored = app.status.clone();
+
+    // Persist: a decision that must survive (a version judged failed, a step taken, a
+    // promotion, the stable version) is written before any Deployment follows it, in one
+    // status write that carries the App's resourceVersion, so that a writer that planned from
+    // an older App fails instead of overwriting the decision. Killed after this write, the
+    // next owner plans from the decision and completes it; killed before, nothing changed.
+    if decision_changed(&previous, &plan.status) {
+        if !ctx.may_write(&namespace) {
+            return Err(fenced());
+        }
+        version = write_status(&ctx.client, &namespace, &name, &plan.status, version.as_deref()).await?;
+        ctx.remember_written(&namespace, &name, plan.status.clone());
+        stored = Some(plan.status.clone());
+    }
 
     // Apply: only what differs, stable first so that capacity comes before the canary goes.
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut failure: Option<ReconcileError> = None;
     let mut changes = Changes::default();
-    let wanted = [(Some(&plan.stable), stable.as_deref(), names::stable_deployment_name(&name))].into_iter().chain([(
-        plan.canary.as_ref(),
-        canary.as_deref(),
-        names::canary_deployment_name(&name),
-    )]);
-    for (want, have, object_name) in wanted {
+    let wanted =
+        [(Some(&plan.stable), stable.as_deref(), stable_cached.is_some(), names::stable_deployment_name(&name))]
+            .into_iter()
+            .chain([(
+                plan.canary.as_ref(),
+                canary.as_deref(),
+                canary_cached.is_some(),
+                names::canary_deployment_name(&name),
+            )]);
+    for (want, have, cached, object_name) in wanted {
         if failure.is_some() {
             break;
         }
@@ -161,15 +187,28 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
                 if !ctx.may_write(&namespace) {
                     return Err(fenced());
                 }
-                apply(&deployments, &object_name, want, "Deployment").await.map(|_| Some((diffs, have.is_some())))
-            }
-            None if have.is_some_and(|d| owned_by_app(d, &id)) => {
-                if !ctx.may_write(&namespace) {
-                    return Err(fenced());
+                match claim(&deployments, have, cached, &id, "Deployment", &object_name).await {
+                    Ok(have) => {
+                        let diffs = deployment_differences(want, have.as_ref());
+                        if diffs.is_empty() {
+                            continue;
+                        }
+                        apply(&deployments, &object_name, want, have.as_ref(), "Deployment")
+                            .await
+                            .map(|_| Some((diffs, have.is_some())))
+                    }
+                    Err(e) => Err(e),
                 }
-                delete(&deployments, &object_name, "Deployment").await.map(|_| None)
             }
-            None => continue,
+            None => match have {
+                Some(have) => {
+                    if !ctx.may_write(&namespace) {
+                        return Err(fenced());
+                    }
+                    delete(&deployments, have, "Deployment").await.map(|_| None)
+                }
+                None => continue,
+            },
         };
         match result {
             Ok(Some((diffs, existed))) => {
@@ -185,7 +224,8 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         failure = Some(e);
     }
     if failure.is_none()
-        && let Err(e) = reconcile_hpa(&app, &id, ctx, spec_changed, &mut changes).await
+        && let Err(e) =
+            reconcile_hpa(&app, &id, ctx, (hpa.as_deref(), hpa_cached.is_some()), spec_changed, &mut changes).await
     {
         failure = Some(e);
     }
@@ -195,14 +235,14 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
         ctx.publish(&app_ref, EventType::Normal, reason, "Apply", note).await;
     }
 
-    // Status and Events.
+    // Status: what the plan says, or why it could not be carried out.
     let status = match &failure {
         Some(e) => {
             degraded(&plan.status, &previous, &Blocker { reason: e.reason().to_string(), message: e.to_string() }, now)
         }
         None => plan.status.clone(),
     };
-    if app.status.as_ref() != Some(&status) {
+    if stored.as_ref() != Some(&status) {
         if !ctx.may_write(&namespace) {
             return Err(fenced());
         }
@@ -214,8 +254,11 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
             ready = ready.map(|c| c.message.as_str()).unwrap_or_default(),
             "writing status"
         );
-        write_status(&ctx.client, &namespace, &name, &status).await?;
+        write_status(&ctx.client, &namespace, &name, &status, version.as_deref()).await?;
         ctx.remember_written(&namespace, &name, status.clone());
+    }
+    let status_changed = app.status.as_ref() != Some(&status);
+    if status_changed {
         if previous.current_version != status.current_version
             && status.phase == Some(AppPhase::Healthy)
             && plan.notes.is_empty()
@@ -243,10 +286,14 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     }
 
     if let Some(err) = failure {
-        if !ctx.may_write(&namespace) {
-            return Err(fenced());
+        // One Warning per new blocker: the status says it for as long as it lasts.
+        let reported = previous
+            .conditions
+            .iter()
+            .any(|c| c.type_ == planner::READY && c.reason == err.reason() && c.message == err.to_string());
+        if !reported {
+            ctx.publish(&app_ref, EventType::Warning, err.reason(), "Reconcile", err.to_string()).await;
         }
-        ctx.publish(&app_ref, EventType::Warning, err.reason(), "Reconcile", err.to_string()).await;
         return Err(err);
     }
     Ok(match (status.phase, plan.recheck) {
@@ -266,8 +313,55 @@ fn rollout_moved(before: &crate::api::AppStatus, after: &crate::api::AppStatus) 
         || before.failed_version != after.failed_version
 }
 
-fn owned_by_app<K: Resource>(object: &K, id: &AppIdentity) -> bool {
-    object.meta().owner_references.iter().flatten().any(|o| o.uid == id.owner.uid)
+/// Whether the plan changes what must survive this replica: versions, the rollout's step,
+/// the analysis' count of failures, a failed version, history, a user's request handled.
+fn decision_changed(before: &crate::api::AppStatus, after: &crate::api::AppStatus) -> bool {
+    rollout_moved(before, after)
+        || before.analysis != after.analysis
+        || before.history != after.history
+        || before.handled_action != after.handled_action
+}
+
+/// Whether this App controls `object` (a controller ownerReference with the App's uid).
+fn controlled_by_app<K: Resource>(object: &K, id: &AppIdentity) -> bool {
+    object.meta().owner_references.iter().flatten().any(|o| o.uid == id.owner.uid && o.controller == Some(true))
+}
+
+/// Before writing an object the App derives: the object if this App controls it, `None` if
+/// no object of that name exists, and `NameConflict` if one exists that this App does not
+/// control. The caches hold only objects labelled as Flotilla's, so a missing one is looked
+/// up by name first: a hand-made Service `db` must never be taken over by an App `db`. A
+/// second's race (the object created between this look and the apply) can only be won by
+/// someone who could write that object anyway.
+async fn claim<K>(
+    api: &Api<K>,
+    controlled: Option<&K>,
+    cached: bool,
+    id: &AppIdentity,
+    kind: &'static str,
+    name: &str,
+) -> Result<Option<K>, ReconcileError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let conflict = || ReconcileError::NameConflict { kind, namespace: id.namespace.clone(), name: name.to_string() };
+    if let Some(object) = controlled {
+        return Ok(Some(object.clone()));
+    }
+    if cached {
+        return Err(conflict());
+    }
+    let found = api.get_opt(name).await.map_err(|source| ReconcileError::Read {
+        kind,
+        namespace: id.namespace.clone(),
+        name: name.to_string(),
+        source,
+    })?;
+    match found {
+        Some(object) if controlled_by_app(&object, id) => Ok(Some(object)),
+        Some(_) => Err(conflict()),
+        None => Ok(None),
+    }
 }
 
 async fn reconcile_service(
@@ -293,6 +387,8 @@ async fn reconcile_service(
             })?
             .map(std::sync::Arc::new);
     }
+    let cached = observed.is_some();
+    let observed = observed.filter(|s| controlled_by_app(s.as_ref(), id));
     let wanted = desired_service(app, id);
     let diffs = service_differences(&wanted, observed.as_deref());
     if diffs.is_empty() {
@@ -301,32 +397,45 @@ async fn reconcile_service(
     if !ctx.may_write(namespace) {
         return Err(ReconcileError::Fenced { namespace: namespace.clone() });
     }
-    let applied = apply(&api, &name, &wanted, "Service").await?;
+    let observed = claim(&api, observed.as_deref(), cached, id, "Service", &name).await?;
+    let diffs = service_differences(&wanted, observed.as_ref());
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    let applied = apply(&api, &name, &wanted, observed.as_ref(), "Service").await?;
     ctx.remember_applied_service(namespace, &name, applied.metadata.resource_version);
     ctx.note_change(changes, &app.object_ref(&()), "Service", &name, observed.is_some(), spec_changed, &diffs);
     Ok(())
 }
 
+/// `observed`: the HPA this App controls, from the cache, and whether the cache holds one
+/// of that name at all.
 async fn reconcile_hpa(
     app: &App,
     id: &AppIdentity,
     ctx: &Context,
+    observed: (Option<&HorizontalPodAutoscaler>, bool),
     spec_changed: bool,
     changes: &mut Changes,
 ) -> Result<(), ReconcileError> {
+    let (observed, cached) = observed;
     let namespace = &id.namespace;
     let name = names::hpa_name(&id.name);
     let api: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), namespace);
-    let observed = ctx.hpas.get(&ObjectRef::new(&name).within(namespace));
     let app_ref = app.object_ref(&());
     match desired_hpa(app, id) {
         Some(wanted) => {
-            let diffs = hpa_differences(&wanted, observed.as_deref());
+            let diffs = hpa_differences(&wanted, observed);
             if !diffs.is_empty() {
                 if !ctx.may_write(namespace) {
                     return Err(ReconcileError::Fenced { namespace: namespace.clone() });
                 }
-                apply(&api, &name, &wanted, "HorizontalPodAutoscaler").await?;
+                let observed = claim(&api, observed, cached, id, "HorizontalPodAutoscaler", &name).await?;
+                let diffs = hpa_differences(&wanted, observed.as_ref());
+                if diffs.is_empty() {
+                    return Ok(());
+                }
+                apply(&api, &name, &wanted, observed.as_ref(), "HorizontalPodAutoscaler").await?;
                 ctx.note_change(
                     changes,
                     &app_ref,
@@ -338,42 +447,65 @@ async fn reconcile_hpa(
                 );
             }
         }
-        None if observed.as_deref().is_some_and(|h| owned_by_app(h, id)) => {
-            if !ctx.may_write(namespace) {
-                return Err(ReconcileError::Fenced { namespace: namespace.clone() });
+        None => {
+            if let Some(observed) = observed {
+                if !ctx.may_write(namespace) {
+                    return Err(ReconcileError::Fenced { namespace: namespace.clone() });
+                }
+                delete(&api, observed, "HorizontalPodAutoscaler").await?;
+                info!(namespace, hpa = name, "deleted HorizontalPodAutoscaler: autoscaling was turned off");
+                let note = format!("HorizontalPodAutoscaler {name}: autoscaling was turned off");
+                ctx.publish(&app_ref, EventType::Normal, "Deleted", "Delete", note).await;
             }
-            delete(&api, &name, "HorizontalPodAutoscaler").await?;
-            info!(namespace, hpa = name, "deleted HorizontalPodAutoscaler: autoscaling was turned off");
-            let note = format!("HorizontalPodAutoscaler {name}: autoscaling was turned off");
-            ctx.publish(&app_ref, EventType::Normal, "Deleted", "Delete", note).await;
         }
-        None => {}
     }
     Ok(())
 }
 
-/// Deletes an object the App owns; one already gone counts as deleted.
-async fn delete<K>(api: &Api<K>, name: &str, kind: &'static str) -> Result<(), ReconcileError>
+/// Deletes an object the App controls, exactly as it was observed (uid and resourceVersion
+/// preconditions: a replica that planned from an older state fails instead of deleting what
+/// another one has since written); one already gone counts as deleted.
+async fn delete<K>(api: &Api<K>, observed: &K, kind: &'static str) -> Result<(), ReconcileError>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    match api.delete(name, &DeleteParams::background()).await {
+    let name = observed.meta().name.clone().unwrap_or_default();
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: observed.meta().uid.clone(),
+            resource_version: observed.meta().resource_version.clone(),
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&name, &params).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(source) => Err(ReconcileError::Delete {
             kind,
             namespace: api.namespace().unwrap_or_default().to_string(),
-            name: name.to_string(),
+            name,
             source,
         }),
     }
 }
 
-async fn apply<K>(api: &Api<K>, name: &str, object: &K, kind: &'static str) -> Result<K, ReconcileError>
+/// Server-side apply of `object`. When it updates an `observed` object, the apply carries
+/// the resourceVersion that was observed: the apiserver refuses it (409) if anyone wrote the
+/// object since, so a write that was planned from an older state, or that arrives late
+/// (after this replica's hold on the namespace lapsed), cannot win.
+async fn apply<K>(
+    api: &Api<K>,
+    name: &str,
+    object: &K,
+    observed: Option<&K>,
+    kind: &'static str,
+) -> Result<K, ReconcileError>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Debug,
 {
-    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object)).await.map_err(|source| {
+    let mut object = object.clone();
+    object.meta_mut().resource_version = observed.and_then(|o| o.meta().resource_version.clone());
+    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&object)).await.map_err(|source| {
         ReconcileError::Apply {
             kind,
             namespace: object.meta().namespace.clone().unwrap_or_default(),
@@ -384,18 +516,24 @@ where
 }
 
 /// Writes an App's whole status with server-side apply (the operator's field manager owns
-/// every status field, so fields left out are removed).
+/// every status field, so fields left out are removed). With `resource_version`, the write
+/// applies only to that version of the App (409 otherwise): a decision made from an older
+/// App never overwrites a newer one. Returns the App's new resourceVersion.
 pub(crate) async fn write_status(
     client: &kube::Client,
     namespace: &str,
     name: &str,
     status: &crate::api::AppStatus,
-) -> Result<(), ReconcileError> {
+    resource_version: Option<&str>,
+) -> Result<Option<String>, ReconcileError> {
     let api: Api<App> = Api::namespaced(client.clone(), namespace);
-    let patch = serde_json::json!({"apiVersion": App::api_version(&()), "kind": "App", "status": status});
+    let mut patch = serde_json::json!({"apiVersion": App::api_version(&()), "kind": "App", "status": status});
+    if let Some(version) = resource_version {
+        patch["metadata"] = serde_json::json!({"resourceVersion": version});
+    }
     api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
-        .map(|_| ())
+        .map(|app| app.metadata.resource_version)
         .map_err(|source| ReconcileError::Status { namespace: namespace.to_string(), name: name.to_string(), source })
 }
 

@@ -162,6 +162,11 @@ pub struct RunArgs {
     /// Bounds the burst (and the memory) when a replica starts serving many namespaces.
     #[arg(long, env = "FLOTILLA_MAX_REQUESTS_IN_FLIGHT", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_requests_in_flight: u16,
+    /// How long a request to the apiserver waits for its answer (its response's head) once
+    /// sent; time queued for a slot of --max-requests-in-flight does not count. A replica whose
+    /// requests hang gives up and retries instead of holding its work forever.
+    #[arg(long, env = "FLOTILLA_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: std::time::Duration,
 }
 
 /// Accepts an https:// URL (the apiserver calls webhooks over TLS only).

@@ -28,10 +28,14 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::retry::RetryLayer;
+use tower::timeout::TimeoutLayer;
 use tower::{BoxError, ServiceBuilder};
 use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
+
+use super::fault::AbortAfterWrites;
+use super::wire_fence::WireFenceLayer;
 
 /// Pings on an otherwise quiet connection, so that a dead peer (a restarted apiserver, a
 /// dropped NAT entry) is noticed within `KEEP_ALIVE + KEEP_ALIVE_TIMEOUT`, not at the next
@@ -67,16 +71,37 @@ pub struct Clients {
     config: Config,
     protocol: Protocol,
     in_flight: Option<Arc<Semaphore>>,
+    fence: Option<WireFenceLayer>,
+    deadline: Option<Duration>,
+    fault: Option<AbortAfterWrites>,
 }
 
 impl Clients {
     pub fn new(config: Config, protocol: Protocol) -> Self {
-        Self { config, protocol, in_flight: None }
+        Self { config, protocol, in_flight: None, fence: None, deadline: None, fault: None }
     }
 
     /// A factory whose clients together have at most `max` requests in flight.
+    /// Their writes are what a test's `fault` counts (the Leases' client is never limited).
     pub fn limited(&self, max: usize) -> Self {
-        Self { in_flight: Some(Arc::new(Semaphore::new(max.max(1)))), ..self.clone() }
+        Self {
+            in_flight: Some(Arc::new(Semaphore::new(max.max(1)))),
+            fault: AbortAfterWrites::from_env(),
+            ..self.clone()
+        }
+    }
+
+    /// A factory whose clients check the write fence when each write (or retry) is sent,
+    /// after it waited for its permit (see `wire_fence`).
+    pub fn fenced(&self, fence: WireFenceLayer) -> Self {
+        Self { fence: Some(fence), ..self.clone() }
+    }
+
+    /// A factory whose requests each give up after `deadline` without an answer (the
+    /// response's head: a watch answers at once and then streams). Time spent waiting for a
+    /// permit does not count: under load that is the replica's queue, not a hung request.
+    pub fn with_deadline(&self, deadline: Duration) -> Self {
+        Self { deadline: Some(deadline), ..self.clone() }
     }
 
     /// A new client, with a connection of its own: kube's layers (base URI, retries, auth,
@@ -145,6 +170,10 @@ impl Clients {
                     }),
             )
             .option_layer(self.in_flight.clone().map(GlobalConcurrencyLimitLayer::with_semaphore))
+            // Below the bound and the retries: the last look at the fence before the wire.
+            .option_layer(self.fence.clone())
+            .option_layer(self.deadline.map(TimeoutLayer::new))
+            .option_layer(self.fault.clone())
             .map_err(BoxError::from)
             .service(hyper);
         Ok(Client::new(service, config.default_namespace.clone()))

@@ -2,7 +2,9 @@
 
 pub mod admin;
 pub mod clients;
+pub mod fault;
 pub mod packing;
+pub mod wire_fence;
 
 use kube::runtime::events::Reporter;
 use kube::{Client, Config};
@@ -14,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use tokio::sync::watch;
 use tracing::info;
+use wire_fence::WireFenceLayer;
 
 use crate::app::controller::{Scope, Shared, app_controller};
 use crate::rollout::Analyzer;
@@ -48,6 +51,8 @@ pub struct Settings {
     pub namespaces_per_connection: usize,
     /// Requests to the apiserver in flight at once, Lease requests excepted.
     pub max_requests_in_flight: usize,
+    /// How long a sent request waits for its answer.
+    pub request_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +95,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         protocol: Protocol::Http1,
         namespaces_per_connection: 1,
         max_requests_in_flight: 1,
+        request_timeout: Duration::from_secs(30),
     };
     Ok(clients(&settings).await?.client()?)
 }
@@ -141,7 +147,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     // Leases and the singleton's election on a connection of their own, outside the bound on
     // requests in flight: renewals must never wait behind the replica's bulk work.
     let control = all.client()?;
-    let clients = all.limited(settings.max_requests_in_flight);
+    let clients = all.limited(settings.max_requests_in_flight).with_deadline(settings.request_timeout);
     let client = clients.client()?;
     let metrics = Metrics::new()?;
     let ready = Arc::new(AtomicBool::new(false));
@@ -183,6 +189,11 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             let (working_tx, working_rx) = watch::channel(Default::default());
             let (ownership_tx, ownership_rx) = watch::channel(Default::default());
             let fence = Fence::new(settings.sharding.shards, settings.sharding.renew_deadline);
+            // Everything written in served namespaces (App controllers, the guard) goes through
+            // clients that look at the fence again when each write leaves. The Tenant
+            // controller is not sharded: its client is not fenced.
+            let fenced = clients.fenced(WireFenceLayer::new(fence.clone(), metrics.writes_fenced()));
+            let guard_client = fenced.client()?;
             let leases = Leases::new(
                 control.clone(),
                 &settings.identity.namespace,
@@ -219,7 +230,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 }
             }));
             tasks.push(tokio::spawn(crate::app::guard::guard(
-                client.clone(),
+                guard_client,
                 reporter.clone(),
                 metrics.clone(),
                 ownership_rx,
@@ -227,7 +238,11 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 stopped(stop_rx.clone()),
             )));
             tasks.push(tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
-                ServedConnections { client, clients, namespaces_per_connection: settings.namespaces_per_connection },
+                ServedConnections {
+                    client,
+                    clients: fenced,
+                    namespaces_per_connection: settings.namespaces_per_connection,
+                },
                 shared,
                 settings.sharding.shards,
                 ServedChannels { held_rx, working_tx, ownership_tx, fence },

@@ -284,7 +284,7 @@ impl Planner<'_> {
         let target = self.target.clone();
         let previous = app.status.clone().unwrap_or_default();
 
-        let Some(stable_version) = previous.current_version.clone() else {
+        let Some(stable_version) = previous.current_version.clone().or_else(|| self.recovered_stable_version()) else {
             // First deployment: nothing to compare the version with.
             return self.steady(&target);
         };
@@ -365,6 +365,23 @@ impl Planner<'_> {
         } else {
             self.rolling(&stable_version)
         }
+    }
+
+    /// The version the App's stable Deployment runs, when status does not say (status lost
+    /// in a restore from a backup, or an App re-created with the same spec over its old
+    /// Deployment): a new version then rolls out with its canary and analysis instead of
+    /// replacing the running one as a first deployment would.
+    fn recovered_stable_version(&mut self) -> Option<String> {
+        let version = self.input.observed.stable?.metadata.labels.as_ref()?.get(names::LABEL_VERSION)?.clone();
+        self.status.current_version = Some(version.clone());
+        if version != self.target {
+            self.note(
+                false,
+                "StableVersionRecovered",
+                format!("status did not name the stable version; the running Deployment says {version}"),
+            );
+        }
+        Some(version)
     }
 
     /// No rollout: the stable Deployment runs `version` as the spec says.
@@ -545,7 +562,7 @@ impl Planner<'_> {
     /// Completes the rollout: the new version is the stable one.
     fn promoted(&mut self) -> Outcome {
         let target = self.target.clone();
-        let from = self.app.status.as_ref().and_then(|s| s.current_version.clone()).unwrap_or_default();
+        let from = self.status.current_version.clone().unwrap_or_default();
         let message = format!("version {target} replaced {from} and is available with {} replicas", self.total);
         self.note(false, "Promoted", message.clone());
         self.record(target.clone(), RolloutResult::Promoted, Some(message.clone()));

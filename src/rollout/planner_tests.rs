@@ -586,3 +586,69 @@ fn the_stable_deployment_does_not_grow_back_within_a_step() {
     let plan = Run::new(&app).stable("1", 2, 2).canary("2", 2, 0).plan(3);
     assert_eq!(replicas(&plan.stable), Some(2));
 }
+
+#[test]
+fn a_persisted_rollback_completes_from_status_alone_and_is_never_promoted() {
+    // The replica that decided the rollback wrote its status and died before changing any
+    // Deployment: the next one finds the canary still there and every check passing again.
+    let app = canary_app(5, &[20, 50], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+    let fail = vec![measurement(MeasurementResult::Fail, Some(0.3))];
+    let first = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(fail.clone()).plan(3);
+    let app = advance(&app, &first);
+    let decided = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(fail).plan(13);
+    assert_eq!(decided.status.phase, Some(AppPhase::RolledBack));
+    let app = advance(&app, &decided);
+    let pass = vec![measurement(MeasurementResult::Pass, Some(0.0))];
+    for run in [
+        Run::new(&app).stable("1", 4, 4).canary("2", 1, 1),
+        Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(pass.clone()),
+        Run::new(&app).stable("1", 5, 5).canary("2", 1, 1).measured(pass),
+    ] {
+        let next = run.plan(20);
+        assert!(next.canary.is_none(), "the canary is removed");
+        assert_eq!((image(&next.stable), replicas(&next.stable)), ("example.com/web:1".into(), Some(5)));
+        assert_eq!(next.status.phase, Some(AppPhase::RolledBack));
+        assert_eq!(next.status.current_version.as_deref(), Some("1"));
+        assert_eq!(next.status.failed_version, decided.status.failed_version);
+        assert!(!next.analysis_due, "a version judged failed is not measured again");
+        assert!(next.notes.is_empty(), "{:?}", next.notes);
+    }
+
+    // Rolling: a rolled-back version never goes back onto the stable Deployment.
+    let app = rolling_app(true);
+    let started = Run::new(&app).stable("1", 3, 3).plan(0);
+    let app = advance(&app, &started);
+    let fail = vec![measurement(MeasurementResult::Fail, Some(0.3))];
+    let mut app = app;
+    let mut last = started;
+    for second in [5, 40] {
+        last = Run::new(&app).stable("2", 3, 3).measured(fail.clone()).plan(second);
+        app = advance(&app, &last);
+    }
+    assert_eq!(last.status.phase, Some(AppPhase::RolledBack), "{:?}", last.status.conditions);
+    let pass = vec![measurement(MeasurementResult::Pass, Some(0.0))];
+    let next = Run::new(&app).stable("2", 3, 3).measured(pass).plan(60);
+    assert_eq!(image(&next.stable), "example.com/web:1");
+    assert_eq!(next.status.phase, Some(AppPhase::RolledBack));
+}
+
+#[test]
+fn a_lost_status_recovers_the_stable_version_from_the_running_deployment() {
+    // Restored from a backup without status: version 2 must not replace 1 as a first
+    // deployment would, skipping the canary and its analysis.
+    let mut app = canary_app(5, &[20, 50], true);
+    app.status = None;
+    let plan = Run::new(&app).stable("1", 5, 5).plan(0);
+    assert_eq!(reasons(&plan), ["StableVersionRecovered", "RolloutStarted"]);
+    assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(5)));
+    assert!(plan.canary.as_ref().is_some_and(|c| image(c) == "example.com/web:2"));
+    assert_eq!(plan.status.current_version.as_deref(), Some("1"));
+    assert_eq!(plan.status.target_version.as_deref(), Some("2"));
+
+    // The same version running: nothing to roll out.
+    let plan = Run::new(&app).stable("2", 5, 5).plan(0);
+    assert!(plan.canary.is_none());
+    assert_eq!(plan.status.phase, Some(AppPhase::Healthy));
+    assert!(plan.notes.is_empty(), "{:?}", plan.notes);
+}

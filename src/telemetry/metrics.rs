@@ -27,6 +27,7 @@ pub struct Metrics {
     rollouts: IntCounterVec,
     rollbacks: IntCounterVec,
     conversions: IntCounterVec,
+    writes_fenced: IntCounter,
     apps: AppIndex,
 }
 
@@ -121,6 +122,11 @@ impl Metrics {
         registry.register(Box::new(rollouts.clone()))?;
         registry.register(Box::new(rollbacks.clone()))?;
         registry.register(Box::new(conversions.clone()))?;
+        let writes_fenced = IntCounter::new(
+            "flotilla_writes_fenced_total",
+            "Writes dropped when they were to be sent, because this replica's hold on the namespace's shard had lapsed while they waited.",
+        )?;
+        registry.register(Box::new(writes_fenced.clone()))?;
         registry.register(Box::new(shards_held.clone()))?;
         registry.register(Box::new(lease_events.clone()))?;
         registry.register(Box::new(seconds_since_renew.clone()))?;
@@ -176,6 +182,7 @@ impl Metrics {
             rollouts,
             rollbacks,
             conversions,
+            writes_fenced,
             apps,
         })
     }
@@ -210,6 +217,11 @@ impl Metrics {
     pub fn converted(&self, objects: usize, ok: bool) {
         let n = u64::try_from(objects).unwrap_or(u64::MAX);
         self.conversions.with_label_values(&[if ok { "ok" } else { "error" }]).inc_by(n);
+    }
+
+    /// The counter of writes the wire fence dropped (see `operator::wire_fence`).
+    pub fn writes_fenced(&self) -> IntCounter {
+        self.writes_fenced.clone()
     }
 
     pub fn drift_corrected(&self, kind: &str) {
