@@ -54,6 +54,13 @@ async fn interrupted_at(n: u32) {
     })
     .await;
 
+    // The stable Deployment gave the canary its replica: the rollback has all three writes.
+    wait_for(Duration::from_secs(30), "stable Deployment at 1 replica beside the canary", || async {
+        let stable = rig.deployment("web").await?;
+        (stable.spec.and_then(|s| s.replicas) == Some(1)).then_some(())
+    })
+    .await;
+
     // The replica that ran it so far goes; the canary turns bad.
     rig.operator.child.kill().await.expect("killing the first replica");
     rig.traffic("web", "2", 0.5, 0.05);

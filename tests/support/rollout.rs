@@ -35,6 +35,9 @@ impl Rig {
     pub async fn start(prefix: &str) -> Self {
         let client = admin_client().await;
         install_crds(&client).await;
+        // The replica serves the conversion webhook, whose certificate lives in the operator's
+        // namespace: a rollout test run alone on a new cluster needs it too.
+        super::install_operator_rbac();
         let ns = TestNamespace::create(&client, prefix).await;
         let exporter = Exporter::start().await;
         let prometheus = Prometheus::start(&[("exporter", exporter.addr())], &[]).await;
