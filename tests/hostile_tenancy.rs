@@ -145,10 +145,11 @@ async fn ownership_never_moves(client: Client) {
 }
 
 /// The apiserver's refusal of `result`: its message, which must name `policy`.
-fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>, policy: &str) -> Option<String> {
+fn refused<T>(what: &str, result: Result<T, kube::Error>, policy: &str) -> Option<String> {
     match result {
         Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(policy) => None,
-        other => Some(format!("{what}: want 403 from {policy}, got {other:?}")),
+        Err(e) => Some(format!("{what}: want 403 from {policy}, got {e}")),
+        Ok(_) => Some(format!("{what}: want 403 from {policy}, but it was accepted")),
     }
 }
 
@@ -215,8 +216,6 @@ async fn operator_token_is_fenced(client: Client, operator: Client) {
     // Namespaces.
     const NAMESPACES: &str = "flotilla-operator-namespaces";
     let namespaces: Api<Namespace> = Api::all(operator.clone());
-    let r = namespaces.delete(&victim, &DeleteParams::default()).await;
-    failures.extend(refused(&format!("deleting namespace {victim}"), r, NAMESPACES));
     for ns in ["kube-system", victim.as_str()] {
         let label = json!({"metadata": {"labels": {"flotilla.dev/tenant": t}}});
         let r = namespaces.patch(ns, &PatchParams::default(), &Patch::Merge(&label)).await;
@@ -238,7 +237,8 @@ async fn operator_token_is_fenced(client: Client, operator: Client) {
     failures.extend(refused("creating an unlabelled namespace", namespaces.create(&pp, &namespace).await, NAMESPACES));
 
     // Workloads, even where a RoleBinding (made by someone else) gives the operator the rights.
-    kubectl_ok(&[
+    // (Without the onboarding policy the operator created it above: AlreadyExists.)
+    let _ = kubectl_try(&[
         "-n",
         &victim,
         "create",
@@ -264,13 +264,14 @@ async fn operator_token_is_fenced(client: Client, operator: Client) {
     // The binding takes effect at once, but RBAC is checked before admission: wait until the
     // refusal comes from the policy (a 403 from RBAC would not name it).
     let deployments: Api<Deployment> = Api::namespaced(operator.clone(), &victim);
-    wait_for(Duration::from_secs(10), "the workloads binding in effect", || async {
+    let first = wait_for(Duration::from_secs(10), "the workloads binding in effect", || async {
         match deployments.create(&pp, &deployment).await {
-            Err(kube::Error::Api(s)) if s.message.contains(WORKLOADS) => Some(()),
-            _ => None,
+            Err(kube::Error::Api(s)) if !s.message.contains(WORKLOADS) && s.code == 403 => None,
+            other => Some(other),
         }
     })
     .await;
+    failures.extend(refused("a Deployment outside tenant namespaces", first, WORKLOADS));
     let r = Api::<Service>::namespaced(operator.clone(), &victim).create(&pp, &service).await;
     failures.extend(refused("a Service outside tenant namespaces", r, WORKLOADS));
     let r = Api::<HorizontalPodAutoscaler>::namespaced(operator.clone(), &victim).create(&pp, &hpa).await;
@@ -284,6 +285,9 @@ async fn operator_token_is_fenced(client: Client, operator: Client) {
         .await
         .expect("the operator may still create a Deployment in a tenant namespace");
 
+    // Last: without the policy, this one succeeds and the namespace is gone.
+    let r = namespaces.delete(&victim, &DeleteParams::default()).await;
+    failures.extend(refused(&format!("deleting namespace {victim}"), r, NAMESPACES));
     assert!(
         failures.is_empty(),
         "requests with the operator's token not refused as expected:\n{}",
