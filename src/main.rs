@@ -190,6 +190,10 @@ fn main() -> ExitCode {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,
                     },
+                    protection: flotilla::tenancy::claim::Protection {
+                        names: args.protected_namespaces,
+                        labels: args.protected_namespace_labels,
+                    },
                 };
                 match flotilla::operator::run(settings).await {
                     Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,9 @@ use super::*;
 use crate::api::rollout::{
     Analysis, CanaryStep, CanaryStrategy, MetricCheck, RollingStrategy, Strategy as Rollout, StrategyType,
 };
-use crate::api::tenant::{NonNegativeQuantity, Subject, SubjectKind, TenantQuota};
+use crate::api::tenant::{
+    EnforceLevel, NonNegativeQuantity, PodSecurity, PodSecurityLevel, Subject, SubjectKind, TenantQuota,
+};
 use crate::api::v1alpha1;
 use crate::api::{Autoscaling, NamespaceRemovalPolicy};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -155,9 +157,22 @@ fn quota() -> impl Strategy<Value = TenantQuota> {
         .prop_map(|hard| TenantQuota { hard })
 }
 
+fn level() -> impl Strategy<Value = PodSecurityLevel> {
+    prop_oneof![
+        Just(PodSecurityLevel::Privileged),
+        Just(PodSecurityLevel::Baseline),
+        Just(PodSecurityLevel::Restricted)
+    ]
+}
+
+fn pod_security() -> impl Strategy<Value = PodSecurity> {
+    (of(prop_oneof![Just(EnforceLevel::Baseline), Just(EnforceLevel::Restricted)]), of(level()), of(level()))
+        .prop_map(|(enforce, warn, audit)| PodSecurity { enforce, warn, audit })
+}
+
 fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
-    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>()).prop_map(
-        |(namespaces, admins, quota, delete)| v1beta1::TenantSpec {
+    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>(), of(pod_security())).prop_map(
+        |(namespaces, admins, quota, delete, pod_security)| v1beta1::TenantSpec {
             namespaces,
             admins,
             quota,
@@ -166,17 +181,19 @@ fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
             } else {
                 NamespaceRemovalPolicy::Retain
             },
+            pod_security,
         },
     )
 }
 
 fn alpha_tenant() -> impl Strategy<Value = v1alpha1::TenantSpec> {
-    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>()).prop_map(
-        |(namespaces, admins, quota, delete_namespaces_on_removal)| v1alpha1::TenantSpec {
+    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>(), of(pod_security())).prop_map(
+        |(namespaces, admins, quota, delete_namespaces_on_removal, pod_security)| v1alpha1::TenantSpec {
             namespaces,
             admins,
             quota,
             delete_namespaces_on_removal,
+            pod_security,
         },
     )
 }
@@ -355,6 +372,17 @@ fn v1alpha1_rollout_fields_move_under_spec_rollout() {
             "strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10}]}}, "progressDeadline": "600s"}})
     );
     assert!(beta["metadata"].get("annotations").is_none());
+}
+
+#[test]
+fn tenant_pod_security_is_the_same_field_in_both_versions() {
+    let tenant = |version: &str, spec: Value| object(version, "Tenant", spec, &Annotations::new());
+    let levels = json!({"enforce": "restricted", "warn": "restricted", "audit": "baseline"});
+    let beta = convert(&tenant(ALPHA, json!({"namespaces": ["a"], "podSecurity": levels})), BETA);
+    assert_eq!(beta["spec"], json!({"namespaces": ["a"], "podSecurity": levels}));
+    let alpha = convert(&tenant(BETA, json!({"podSecurity": {"enforce": "baseline"}})), ALPHA);
+    assert_eq!(alpha["spec"], json!({"podSecurity": {"enforce": "baseline"}}));
+    assert!(alpha["metadata"].get("annotations").is_none(), "nothing kept aside: v1alpha1 holds it");
 }
 
 #[test]

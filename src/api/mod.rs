@@ -18,7 +18,10 @@ pub use rollout::{
     Analysis, AnalysisStatus, CanaryStatus, CanaryStep, CanaryStrategy, FailedVersion, Measurement, MeasurementResult,
     MetricCheck, RollingStrategy, RolloutProgress, RolloutRecord, RolloutResult, Strategy, StrategyType,
 };
-pub use tenant::{NamespaceState, NamespaceStatus, Subject, SubjectKind, TenantQuota, TenantStatus};
+pub use tenant::{
+    EnforceLevel, NamespaceState, NamespaceStatus, PodSecurity, PodSecurityLevel, Subject, SubjectKind, TenantQuota,
+    TenantStatus,
+};
 pub use v1beta1::{App, AppSpec, NamespaceRemovalPolicy, RolloutSpec, Tenant, TenantSpec};
 
 /// API group of every Flotilla resource.

@@ -58,6 +58,72 @@ impl From<&NonNegativeQuantity> for Quantity {
     }
 }
 
+/// Pod Security Admission levels of a tenant's namespaces (labels
+/// `pod-security.kubernetes.io/{enforce,warn,audit}`, enforced by kube-apiserver itself).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSecurity {
+    /// Pods that do not meet this level are refused: `baseline` (default) or `restricted`.
+    /// `privileged` cannot be asked for through a Tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforce: Option<EnforceLevel>,
+    /// Pods that do not meet this level are admitted with a warning to the client:
+    /// `privileged`, `baseline` or `restricted` (default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warn: Option<PodSecurityLevel>,
+    /// Pods that do not meet this level are admitted and noted in the audit log:
+    /// `privileged`, `baseline` or `restricted` (default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<PodSecurityLevel>,
+}
+
+/// A Pod Security Standard.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum PodSecurityLevel {
+    Privileged,
+    Baseline,
+    Restricted,
+}
+
+/// A Pod Security Standard a Tenant may enforce.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum EnforceLevel {
+    Baseline,
+    Restricted,
+}
+
+impl PodSecurityLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Privileged => "privileged",
+            Self::Baseline => "baseline",
+            Self::Restricted => "restricted",
+        }
+    }
+}
+
+impl From<EnforceLevel> for PodSecurityLevel {
+    fn from(level: EnforceLevel) -> Self {
+        match level {
+            EnforceLevel::Baseline => Self::Baseline,
+            EnforceLevel::Restricted => Self::Restricted,
+        }
+    }
+}
+
+impl PodSecurity {
+    /// The (enforce, warn, audit) levels, defaults filled in.
+    pub fn levels(&self) -> [(&'static str, PodSecurityLevel); 3] {
+        [
+            ("enforce", self.enforce.map_or(PodSecurityLevel::Baseline, PodSecurityLevel::from)),
+            ("warn", self.warn.unwrap_or(PodSecurityLevel::Restricted)),
+            ("audit", self.audit.unwrap_or(PodSecurityLevel::Restricted)),
+        ]
+    }
+}
+
 /// Observed state of a Tenant, written by the operator.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -95,6 +161,9 @@ pub enum NamespaceState {
     Pending,
     /// Another Tenant owns this namespace.
     Conflict,
+    /// The namespace exists, Flotilla did not create it, and no cluster admin marked it
+    /// adoptable (label `flotilla.dev/adoptable`).
+    NotAdoptable,
     /// Onboarding failed; the message says why.
     Error,
     /// Removed from the tenant, but withdrawing Flotilla's access failed; retried.

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{AppStatus, Autoscaling};
 use super::rollout::{Analysis, Strategy};
-use super::tenant::{Subject, TenantQuota, TenantStatus};
+use super::tenant::{PodSecurity, Subject, TenantQuota, TenantStatus};
 
 /// Desired state of an application managed by Flotilla.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -120,4 +120,9 @@ pub struct TenantSpec {
     /// and their workloads stay, only Flotilla's access is removed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub delete_namespaces_on_removal: bool,
+
+    /// Pod Security Admission levels of the tenant's namespaces. Default: `enforce: baseline`,
+    /// `warn: restricted`, `audit: restricted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<PodSecurity>,
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::app::{AppStatus, Autoscaling};
 use super::rollout::{Analysis, Strategy};
-use super::tenant::{Subject, TenantQuota, TenantStatus};
+use super::tenant::{PodSecurity, Subject, TenantQuota, TenantStatus};
 use crate::rollout::duration::{self, DurationError};
 
 /// Progress deadline of an App that sets none.
@@ -194,6 +194,11 @@ pub struct TenantSpec {
     #[serde(default)]
     #[schemars(extend("default" = "Retain"))]
     pub namespace_removal_policy: NamespaceRemovalPolicy,
+
+    /// Pod Security Admission levels of the tenant's namespaces. Default: `enforce: baseline`,
+    /// `warn: restricted`, `audit: restricted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<PodSecurity>,
 }
 
 /// What happens to a namespace a tenant gives up.

@@ -6,7 +6,8 @@ use k8s_openapi::api::autoscaling::v2::{
     ResourceMetricSource,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
+    Capabilities, Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    SecurityContext, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -113,14 +114,38 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
                             container_port: port,
                             ..ContainerPort::default()
                         }]),
+                        security_context: Some(container_security_context()),
                         ..Container::default()
                     }],
+                    security_context: Some(pod_security_context()),
+                    automount_service_account_token: Some(false),
                     ..PodSpec::default()
                 }),
             },
             ..DeploymentSpec::default()
         }),
         status: None,
+    }
+}
+
+/// Pod-level settings that, with [`container_security_context`], pass the Pod Security
+/// `restricted` profile: no root user, the container runtime's default seccomp profile. The
+/// image must run as a non-root user (a numeric `USER` other than 0), or the kubelet refuses to
+/// start it. The apiserver defaults none of these fields, so they compare as written.
+pub fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// Container-level settings for `restricted`: no privilege escalation, every capability dropped.
+pub fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+        ..SecurityContext::default()
     }
 }
 
@@ -252,6 +277,31 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
         })
     };
     diff(&mut out, "spec.template.spec.containers[app].ports", port(have), port(want));
+    // What makes the pods pass Pod Security `restricted` is kept too (a Deployment created by an
+    // earlier release gets it at the next reconcile).
+    // Only the fields set here are compared: a mutating webhook that adds others (runAsUser,
+    // fsGroup) must not cause a loop of re-applies.
+    let hardening = |d: &DeploymentSpec| {
+        d.template.spec.as_ref().map(|p| {
+            let pod = p.security_context.as_ref();
+            let container = p.containers.iter().find(|c| c.name == names::CONTAINER_NAME);
+            let sc = container.and_then(|c| c.security_context.as_ref());
+            (
+                pod.and_then(|s| s.run_as_non_root),
+                pod.and_then(|s| s.seccomp_profile.as_ref()).map(|s| s.type_.clone()),
+                p.automount_service_account_token,
+                sc.and_then(|s| s.allow_privilege_escalation),
+                sc.and_then(|s| s.capabilities.as_ref()).and_then(|c| c.drop.clone()),
+            )
+        })
+    };
+    if hardening(have) != hardening(want) {
+        out.push(Difference {
+            field: "spec.template.spec.securityContext",
+            observed: "changed".into(),
+            desired: "restricted".into(),
+        });
+    }
     diff(&mut out, "spec.paused", have.paused.unwrap_or(false).then_some(true), want.paused);
     if want.min_ready_seconds.is_some() || have.min_ready_seconds.unwrap_or(0) != 0 {
         diff(&mut out, "spec.minReadySeconds", have.min_ready_seconds.or(Some(0)), want.min_ready_seconds.or(Some(0)));
@@ -397,6 +447,26 @@ mod tests {
         assert_eq!(d.metadata.owner_references.as_ref().map(|o| o[0].uid.as_str()), Some("uid-1"));
     }
 
+    /// What Pod Security `restricted` checks of a pod, on the pods Flotilla creates.
+    #[test]
+    fn pods_pass_pod_security_restricted() {
+        let (app, id) = app(Some(1), None);
+        let d = desired_deployment(&app, &id);
+        let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
+        let sc = pod.security_context.expect("pod securityContext");
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.seccomp_profile.map(|p| p.type_).as_deref(), Some("RuntimeDefault"));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(pod.host_network.or(pod.host_pid).or(pod.host_ipc), None);
+        for c in &pod.containers {
+            let sc = c.security_context.as_ref().expect("container securityContext");
+            assert_eq!(sc.allow_privilege_escalation, Some(false));
+            assert_eq!(sc.privileged, None);
+            assert_eq!(sc.capabilities.as_ref().and_then(|c| c.drop.clone()), Some(vec!["ALL".to_string()]));
+            assert_eq!(sc.capabilities.as_ref().and_then(|c| c.add.clone()), None);
+        }
+    }
+
     #[test]
     fn replicas_default_to_one() {
         let (app, id) = app(None, None);
@@ -440,9 +510,36 @@ mod tests {
             d.metadata.labels.as_mut().expect("labels").insert("team".into(), "a".into());
             d
         };
+        let pod =
+            |d: &mut Deployment| -> PodSpec { d.spec.as_mut().and_then(|s| s.template.spec.take()).expect("pod") };
+        let with_pod = |d: &Deployment, f: &dyn Fn(&mut PodSpec)| {
+            let mut d = d.clone();
+            let mut p = pod(&mut d);
+            f(&mut p);
+            d.spec.as_mut().expect("spec").template.spec = Some(p);
+            d
+        };
+        let privileged = with_pod(&desired, &|p| {
+            p.containers[0].security_context.as_mut().expect("sc").allow_privilege_escalation = Some(true)
+        });
+        let unhardened = with_pod(&desired, &|p| {
+            p.security_context = Some(PodSecurityContext::default());
+            p.automount_service_account_token = None;
+        });
+        // What a mutating webhook or the apiserver may add beside the fields set here.
+        let mutated = with_pod(&desired, &|p| {
+            let pod = p.security_context.as_mut().expect("sc");
+            pod.run_as_user = Some(1000);
+            pod.fs_group = Some(2000);
+            p.containers[0].security_context.as_mut().expect("sc").read_only_root_filesystem = Some(true);
+            p.service_account_name = Some("default".into());
+        });
         let cases: Vec<(&str, Option<&Deployment>, Vec<&str>)> = vec![
             ("missing", None, vec!["deployment"]),
             ("identical", Some(&desired), vec![]),
+            ("privilege escalation allowed", Some(&privileged), vec!["spec.template.spec.securityContext"]),
+            ("hardening removed", Some(&unhardened), vec!["spec.template.spec.securityContext"]),
+            ("fields added by others are fine", Some(&mutated), vec![]),
             ("scaled", Some(&scaled), vec!["spec.replicas"]),
             ("image edited", Some(&reimaged), vec!["spec.template.spec.containers[app].image"]),
             ("foreign label is fine", Some(&extra_label), vec![]),

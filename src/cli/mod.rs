@@ -114,6 +114,14 @@ pub struct RunArgs {
     /// ServiceAccount the operator runs as; onboarding binds it in each tenant namespace.
     #[arg(long, env = "FLOTILLA_SERVICE_ACCOUNT", default_value = "flotilla")]
     pub service_account: String,
+    /// Namespaces no Tenant may claim, besides the operator's own: names, or prefixes ending in
+    /// `*` (comma-separated).
+    #[arg(long, env = "FLOTILLA_PROTECTED_NAMESPACES", value_delimiter = ',', default_values = crate::tenancy::claim::DEFAULT_PROTECTED_NAMESPACES)]
+    pub protected_namespaces: Vec<String>,
+    /// Labels that protect a namespace from every Tenant: `key` (any value) or `key=value`
+    /// (comma-separated).
+    #[arg(long, env = "FLOTILLA_PROTECTED_NAMESPACE_LABELS", value_delimiter = ',', default_values = crate::tenancy::claim::DEFAULT_PROTECTED_LABELS)]
+    pub protected_namespace_labels: Vec<String>,
     /// Number of shards namespaces are hashed into; the same on every replica.
     #[arg(long, env = "FLOTILLA_SHARDS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub shards: u32,

@@ -40,6 +40,8 @@ pub struct Settings {
     pub replica_id: String,
     /// The operator's namespace and ServiceAccount, named in onboarding RoleBindings.
     pub identity: OperatorIdentity,
+    /// Namespaces no Tenant may claim.
+    pub protection: crate::tenancy::claim::Protection,
     pub sharding: ShardSettings,
     /// Prometheus queried by Apps whose analysis names none.
     pub prometheus_url: Option<String>,
@@ -89,6 +91,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         replica_id: replica_id.to_string(),
         identity: OperatorIdentity { namespace: String::new(), service_account: String::new() },
+        protection: Default::default(),
         sharding: ShardSettings::default(),
         prometheus_url: None,
         webhook: None,
@@ -209,8 +212,13 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 metrics.clone(),
                 stop_rx.clone(),
             )));
-            let (tenant_client, identity, tenant_reporter, tenant_metrics) =
-                (client.clone(), settings.identity.clone(), reporter.clone(), metrics.clone());
+            let (tenant_client, identity, protection, tenant_reporter, tenant_metrics) = (
+                client.clone(),
+                settings.identity.clone(),
+                settings.protection.clone(),
+                reporter.clone(),
+                metrics.clone(),
+            );
             tasks.push(tokio::spawn({
                 let client = control;
                 let namespace = settings.identity.namespace.clone();
@@ -221,6 +229,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                         tenant_controller(
                             tenant_client.clone(),
                             identity.clone(),
+                            protection.clone(),
                             tenant_reporter.clone(),
                             tenant_metrics.clone(),
                             stopped(stop),

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use tracing::{debug, info};
 
+use super::claim::Protection;
 use super::desired::OperatorIdentity;
 use super::reconcile::{TenantContext, error_policy, reconcile};
 use crate::api::Tenant;
@@ -18,6 +19,7 @@ use crate::telemetry::Metrics;
 pub fn tenant_controller(
     client: Client,
     operator: OperatorIdentity,
+    protection: Protection,
     reporter: Reporter,
     metrics: Metrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -29,7 +31,7 @@ pub fn tenant_controller(
         client,
         metrics,
         operator,
-        tenants: controller.store(),
+        protection,
     });
     async move {
         controller

@@ -11,8 +11,7 @@ use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::{NamespaceState, NamespaceStatus, SubjectKind, Tenant, TenantStatus};
 use crate::app::names::{LABEL_MANAGED_BY, MANAGED_BY};
 
-/// Label on a namespace naming the tenant that owns it.
-pub const LABEL_TENANT: &str = "flotilla.dev/tenant";
+pub use super::claim::LABEL_TENANT;
 /// ClusterRole that gives the operator exactly what the App reconciler needs in a namespace.
 pub const WORKLOADS_ROLE: &str = "flotilla-tenant-workloads";
 /// ClusterRole that gives tenant admins Apps and read access to their workloads.
@@ -25,9 +24,6 @@ pub const ADMIN_BINDING: &str = "flotilla-tenant-admins";
 pub const QUOTA: &str = "flotilla-tenant";
 /// Finalizer that offboards a Tenant's namespaces before it goes away.
 pub const FINALIZER: &str = "flotilla.dev/offboard";
-
-/// Namespaces Kubernetes itself needs; the schema refuses them too.
-pub const SYSTEM_NAMESPACES: [&str; 4] = ["kube-system", "kube-public", "kube-node-lease", "default"];
 
 /// The operator's own identity, which the onboarding RoleBinding names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,10 +48,33 @@ fn meta(name: &str, namespace: &str, tenant: &str) -> ObjectMeta {
     }
 }
 
+/// Prefix of the Pod Security Admission labels of a namespace.
+pub const POD_SECURITY_LABEL_PREFIX: &str = "pod-security.kubernetes.io/";
+
+/// The labels every namespace of `tenant` carries: its owner and the Pod Security levels of
+/// `spec.podSecurity` (default: enforce baseline, warn and audit restricted).
+pub fn namespace_labels(tenant: &Tenant) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([(LABEL_TENANT.to_string(), tenant_name(tenant))]);
+    for (mode, level) in tenant.spec.pod_security.clone().unwrap_or_default().levels() {
+        labels.insert(format!("{POD_SECURITY_LABEL_PREFIX}{mode}"), level.as_str().to_string());
+    }
+    labels
+}
+
+/// The entries of `desired` that `current` lacks or holds with another value.
+pub fn missing_labels(
+    current: &BTreeMap<String, String>,
+    desired: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    desired.iter().filter(|(k, v)| current.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
 /// A namespace created for a tenant.
-pub fn desired_namespace(name: &str, tenant: &str) -> Namespace {
+pub fn desired_namespace(name: &str, tenant: &Tenant) -> Namespace {
+    let mut labels = labels(&tenant_name(tenant));
+    labels.extend(namespace_labels(tenant));
     Namespace {
-        metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels(tenant)), ..ObjectMeta::default() },
+        metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), ..ObjectMeta::default() },
         ..Namespace::default()
     }
 }
@@ -130,67 +149,6 @@ pub fn tenant_name(tenant: &Tenant) -> String {
     tenant.metadata.name.clone().unwrap_or_default()
 }
 
-/// One Tenant as the ownership decision sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Claim {
-    pub tenant: String,
-    pub created: Option<Timestamp>,
-    pub namespaces: Vec<String>,
-}
-
-impl Claim {
-    pub fn of(t: &Tenant) -> Self {
-        Self {
-            tenant: tenant_name(t),
-            created: t.metadata.creation_timestamp.as_ref().map(|c| c.0),
-            namespaces: t.spec.namespaces.clone(),
-        }
-    }
-}
-
-/// Which tenant owns `namespace`: the one named by the namespace's `flotilla.dev/tenant` label
-/// if that tenant still lists it, otherwise the oldest tenant that lists it (ties broken by
-/// name). A later claimant is told `Conflict` and the owner is left untouched.
-pub fn namespace_owner<'a>(namespace: &str, claims: &'a [Claim], label: Option<&str>) -> Option<&'a str> {
-    let mut claimants: Vec<&Claim> = claims.iter().filter(|c| c.namespaces.iter().any(|n| n == namespace)).collect();
-    if let Some(labelled) = label.and_then(|l| claimants.iter().find(|c| c.tenant == l)) {
-        return Some(&labelled.tenant);
-    }
-    claimants.sort_by(|a, b| (a.created, &a.tenant).cmp(&(b.created, &b.tenant)));
-    claimants.first().map(|c| c.tenant.as_str())
-}
-
-/// Why a namespace cannot be onboarded before any request is made, if it cannot.
-pub fn refusal(
-    namespace: &str,
-    tenant: &str,
-    owner: Option<&str>,
-    operator: &OperatorIdentity,
-) -> Option<NamespaceStatus> {
-    if namespace == operator.namespace {
-        return Some(NamespaceStatus {
-            name: namespace.into(),
-            state: NamespaceState::Error,
-            message: format!("{namespace} is the operator's own namespace and cannot belong to a tenant"),
-        });
-    }
-    if SYSTEM_NAMESPACES.contains(&namespace) {
-        return Some(NamespaceStatus {
-            name: namespace.into(),
-            state: NamespaceState::Error,
-            message: format!("{namespace} is a system namespace and cannot belong to a tenant"),
-        });
-    }
-    match owner {
-        Some(o) if o != tenant => Some(NamespaceStatus {
-            name: namespace.into(),
-            state: NamespaceState::Conflict,
-            message: format!("namespace {namespace} already belongs to tenant {o}"),
-        }),
-        _ => None,
-    }
-}
-
 /// Namespaces this tenant onboarded (per the last status) that are no longer listed. Only
 /// namespaces it really onboarded: one it was refused (the operator's own, another tenant's)
 /// is never offboarded by it.
@@ -249,43 +207,8 @@ mod tests {
     use super::*;
     use crate::api::{Subject, TenantQuota, TenantSpec};
 
-    fn claim(tenant: &str, created: i64, namespaces: &[&str]) -> Claim {
-        Claim {
-            tenant: tenant.into(),
-            created: Some(Timestamp::from_second(created).expect("ts")),
-            namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
-        }
-    }
-
     fn operator() -> OperatorIdentity {
         OperatorIdentity { namespace: "flotilla-system".into(), service_account: "flotilla".into() }
-    }
-
-    #[test]
-    fn ownership_table() {
-        let claims =
-            [claim("a", 10, &["shared", "a-only"]), claim("b", 5, &["shared", "b-only"]), claim("c", 20, &["c"])];
-        let cases = [
-            ("oldest claimant wins", "shared", None, Some("b")),
-            ("label keeps the owner", "shared", Some("a"), Some("a")),
-            ("stale label is ignored", "c", Some("gone"), Some("c")),
-            ("sole claimant", "a-only", None, Some("a")),
-            ("nobody", "other", None, None),
-        ];
-        for (what, ns, label, want) in cases {
-            assert_eq!(namespace_owner(ns, &claims, label), want, "{what}");
-        }
-    }
-
-    #[test]
-    fn refusals() {
-        let op = operator();
-        assert_eq!(refusal("flotilla-system", "a", Some("a"), &op).map(|s| s.state), Some(NamespaceState::Error));
-        assert_eq!(refusal("kube-system", "a", Some("a"), &op).map(|s| s.state), Some(NamespaceState::Error));
-        let conflict = refusal("shared", "a", Some("b"), &op).expect("conflict");
-        assert_eq!(conflict.state, NamespaceState::Conflict);
-        assert!(conflict.message.contains("tenant b"));
-        assert_eq!(refusal("mine", "a", Some("a"), &op), None);
     }
 
     fn tenant(namespaces: &[&str]) -> Tenant {
@@ -301,6 +224,7 @@ mod tests {
                     hard: BTreeMap::from([("pods".to_string(), crate::api::tenant::NonNegativeQuantity("10".into()))]),
                 }),
                 namespace_removal_policy: Default::default(),
+                pod_security: None,
             },
         );
         t.metadata.generation = Some(2);
@@ -319,6 +243,44 @@ mod tests {
         assert_eq!(subjects[1].namespace.as_deref(), Some("ci"));
         let q = quota("a", &t).expect("quota");
         assert_eq!(q.spec.and_then(|s| s.hard).and_then(|h| h.get("pods").cloned()), Some(Quantity("10".into())));
+    }
+
+    #[test]
+    fn namespace_labels_carry_owner_and_pod_security() {
+        use crate::api::{EnforceLevel, PodSecurity, PodSecurityLevel};
+        let mut t = tenant(&["a"]);
+        let labels = namespace_labels(&t);
+        let want = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        assert_eq!(
+            labels,
+            want(&[
+                ("flotilla.dev/tenant", "team-a"),
+                ("pod-security.kubernetes.io/audit", "restricted"),
+                ("pod-security.kubernetes.io/enforce", "baseline"),
+                ("pod-security.kubernetes.io/warn", "restricted"),
+            ])
+        );
+        t.spec.pod_security = Some(PodSecurity {
+            enforce: Some(EnforceLevel::Restricted),
+            warn: None,
+            audit: Some(PodSecurityLevel::Baseline),
+        });
+        let labels = namespace_labels(&t);
+        assert_eq!(labels.get("pod-security.kubernetes.io/enforce").map(String::as_str), Some("restricted"));
+        assert_eq!(labels.get("pod-security.kubernetes.io/warn").map(String::as_str), Some("restricted"));
+        assert_eq!(labels.get("pod-security.kubernetes.io/audit").map(String::as_str), Some("baseline"));
+        let created = desired_namespace("a", &t);
+        let created = created.metadata.labels.expect("labels");
+        assert_eq!(created.get("app.kubernetes.io/managed-by").map(String::as_str), Some("flotilla"));
+        assert!(labels.iter().all(|(k, v)| created.get(k) == Some(v)));
+        // An existing namespace is patched only with what differs.
+        let mut current = labels.clone();
+        current.insert("team".into(), "x".into());
+        assert!(missing_labels(&current, &labels).is_empty());
+        current.insert("pod-security.kubernetes.io/enforce".into(), "privileged".into());
+        assert_eq!(missing_labels(&current, &labels), want(&[("pod-security.kubernetes.io/enforce", "restricted")]));
     }
 
     #[test]

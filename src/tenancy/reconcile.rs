@@ -8,7 +8,6 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
 use crate::api::NamespaceRemovalPolicy;
@@ -19,9 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{Span, field, info, instrument, warn};
 
+use super::claim::{Decision, Protection, decide, offboard_refusal};
 use super::desired::{
-    ADMIN_BINDING, Claim, FINALIZER, LABEL_TENANT, OPERATOR_BINDING, OperatorIdentity, QUOTA, admin_binding,
-    desired_namespace, namespace_owner, operator_binding, quota, refusal, tenant_name, tenant_status, to_offboard,
+    ADMIN_BINDING, FINALIZER, OPERATOR_BINDING, OperatorIdentity, QUOTA, admin_binding, desired_namespace,
+    missing_labels, namespace_labels, operator_binding, quota, tenant_name, tenant_status, to_offboard,
 };
 use super::unchanged::covers;
 use crate::api::{NamespaceState, NamespaceStatus, Tenant};
@@ -41,8 +41,8 @@ pub struct TenantContext {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub operator: OperatorIdentity,
-    /// Every Tenant, for ownership decisions.
-    pub tenants: Store<Tenant>,
+    /// Namespaces no Tenant may claim.
+    pub protection: Protection,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,10 +111,6 @@ pub fn error_policy(tenant: Arc<Tenant>, err: &TenantError, _ctx: Arc<TenantCont
     }
 }
 
-fn claims(ctx: &TenantContext) -> Vec<Claim> {
-    ctx.tenants.state().iter().map(|t| Claim::of(t)).collect()
-}
-
 /// How many namespaces of one Tenant are onboarded at once.
 const ONBOARD_CONCURRENCY: usize = 8;
 
@@ -124,7 +120,6 @@ async fn onboard_one(
     tenant: &Tenant,
     ns: &String,
     me: &str,
-    claims: &[Claim],
     namespaces: &Api<Namespace>,
     ctx: &TenantContext,
 ) -> (NamespaceStatus, bool) {
@@ -144,9 +139,8 @@ async fn onboard_one(
             );
         }
     };
-    let label = existing.as_ref().and_then(|n| n.labels().get(LABEL_TENANT).cloned());
-    let owner = namespace_owner(ns, claims, label.as_deref()).or(Some(me));
-    if let Some(refused) = refusal(ns, me, owner, &ctx.operator) {
+    let decision = decide(ns, me, existing.as_ref().map(|n| n.labels()), &ctx.operator.namespace, &ctx.protection);
+    if let Decision::Refused(refused) = decision {
         return (refused, false);
     }
     let was_onboarded = tenant
@@ -154,7 +148,7 @@ async fn onboard_one(
         .iter()
         .flat_map(|s| s.namespaces.iter())
         .any(|n| &n.name == ns && n.state == NamespaceState::Onboarded);
-    match onboard_namespace(tenant, ns, existing.is_some(), ctx).await {
+    match onboard_namespace(tenant, ns, existing.as_ref(), ctx).await {
         Ok(()) => (
             NamespaceStatus {
                 name: ns.clone(),
@@ -179,20 +173,19 @@ async fn onboard_one(
 
 async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantError> {
     let me = tenant_name(tenant);
-    let claims = claims(ctx);
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
     // Namespaces are onboarded a few at a time: one after the other, a Tenant of a hundred
     // namespaces took minutes on a busy apiserver. Order is kept for the status.
-    let (me_ref, claims_ref, namespaces_ref) = (&me, &claims, &namespaces);
+    let (me_ref, namespaces_ref) = (&me, &namespaces);
     let results: Vec<(NamespaceStatus, bool)> = futures::stream::iter(tenant.spec.namespaces.clone())
-        .map(|ns| async move { onboard_one(tenant, &ns, me_ref, claims_ref, namespaces_ref, ctx).await })
+        .map(|ns| async move { onboard_one(tenant, &ns, me_ref, namespaces_ref, ctx).await })
         .buffered(ONBOARD_CONCURRENCY)
         .collect()
         .await;
     let unsettled_error = results.iter().any(|(_, unsettled)| *unsettled);
     let mut states: Vec<NamespaceStatus> = results.into_iter().map(|(state, _)| state).collect();
     for ns in to_offboard(tenant) {
-        let state = match offboard_namespace(tenant, &ns, ctx, &claims).await {
+        let state = match offboard_namespace(tenant, &ns, ctx).await {
             Ok(skipped) => NamespaceStatus {
                 name: ns.clone(),
                 state: NamespaceState::Offboarded,
@@ -214,6 +207,7 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
                 NamespaceState::Onboarded => (EventType::Normal, "Onboarded"),
                 NamespaceState::Offboarded => (EventType::Normal, "Offboarded"),
                 NamespaceState::Conflict => (EventType::Warning, "Conflict"),
+                NamespaceState::NotAdoptable => (EventType::Warning, "NotAdoptable"),
                 NamespaceState::Error => (EventType::Warning, "OnboardingFailed"),
                 NamespaceState::Pending => (EventType::Normal, "Pending"),
                 NamespaceState::Offboarding => (EventType::Warning, "OffboardingFailed"),
@@ -223,10 +217,15 @@ async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantE
         }
     }
     let unsettled = unsettled_error
-        || status
-            .namespaces
-            .iter()
-            .any(|n| matches!(n.state, NamespaceState::Conflict | NamespaceState::Error | NamespaceState::Offboarding));
+        || status.namespaces.iter().any(|n| {
+            matches!(
+                n.state,
+                NamespaceState::Conflict
+                    | NamespaceState::NotAdoptable
+                    | NamespaceState::Error
+                    | NamespaceState::Offboarding
+            )
+        });
     if tenant.status.as_ref() != Some(&status) {
         let api: Api<Tenant> = Api::all(ctx.client.clone());
         let patch = serde_json::json!({"apiVersion": Tenant::api_version(&()), "kind": "Tenant", "status": status});
@@ -247,21 +246,43 @@ fn offboarded_message(tenant: &Tenant) -> String {
     }
 }
 
-async fn onboard_namespace(tenant: &Tenant, ns: &str, exists: bool, ctx: &TenantContext) -> Result<(), TenantError> {
+/// Creates the namespace, or labels an existing one for the tenant (adoption, Pod Security
+/// labels), then applies the RoleBindings and the quota. The label patch carries the
+/// resourceVersion that was read: if the namespace changed meanwhile (another tenant's claim,
+/// a cluster admin's relabelling), it fails and the next reconcile decides again.
+async fn onboard_namespace(
+    tenant: &Tenant,
+    ns: &str,
+    existing: Option<&Namespace>,
+    ctx: &TenantContext,
+) -> Result<(), TenantError> {
     let me = tenant_name(tenant);
-    if !exists {
-        let api: Api<Namespace> = Api::all(ctx.client.clone());
-        match api.create(&PostParams::default(), &desired_namespace(ns, &me)).await {
-            Ok(_) => info!(tenant = me, namespace = ns, "created namespace"),
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(source) => {
-                return Err(TenantError::Api {
-                    action: "creating",
-                    kind: "Namespace",
-                    namespace: String::new(),
-                    name: ns.into(),
-                    source,
+    let api: Api<Namespace> = Api::all(ctx.client.clone());
+    let error = |action, source| TenantError::Api {
+        action,
+        kind: "Namespace",
+        namespace: String::new(),
+        name: ns.into(),
+        source,
+    };
+    match existing {
+        None => {
+            // A 409 means someone created it since it was read: fail, and decide again.
+            api.create(&PostParams::default(), &desired_namespace(ns, tenant))
+                .await
+                .map_err(|source| error("creating", source))?;
+            info!(tenant = me, namespace = ns, "created namespace");
+        }
+        Some(current) => {
+            let missing = missing_labels(current.labels(), &namespace_labels(tenant));
+            if !missing.is_empty() {
+                let patch = serde_json::json!({
+                    "metadata": {"resourceVersion": current.metadata.resource_version, "labels": missing},
                 });
+                api.patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|source| error("labelling", source))?;
+                info!(tenant = me, namespace = ns, labels = ?missing, "labelled namespace");
             }
         }
     }
@@ -284,19 +305,11 @@ async fn onboard_namespace(tenant: &Tenant, ns: &str, exists: bool, ctx: &Tenant
 /// another tenant, or that is the operator's own or a system namespace, is left alone. The
 /// namespace itself is deleted only when the tenant asks for it and the namespace's label
 /// names this tenant. Returns why it was left alone, if it was.
-async fn offboard_namespace(
-    tenant: &Tenant,
-    ns: &str,
-    ctx: &TenantContext,
-    claims: &[Claim],
-) -> Result<Option<String>, TenantError> {
+async fn offboard_namespace(tenant: &Tenant, ns: &str, ctx: &TenantContext) -> Result<Option<String>, TenantError> {
     let me = tenant_name(tenant);
-    if let Some(refused) = refusal(ns, &me, None, &ctx.operator) {
-        return Ok(Some(format!("left alone: {}", refused.message)));
-    }
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
-    let label = match namespaces.get_opt(ns).await {
-        Ok(Some(n)) => n.labels().get(LABEL_TENANT).cloned(),
+    let labels = match namespaces.get_opt(ns).await {
+        Ok(Some(n)) => n.labels().clone(),
         Ok(None) => return Ok(Some("the namespace no longer exists".into())),
         Err(source) => {
             return Err(TenantError::Api {
@@ -308,17 +321,22 @@ async fn offboard_namespace(
             });
         }
     };
-    if let Some(owner) = namespace_owner(ns, claims, label.as_deref())
-        && owner != me
-    {
-        return Ok(Some(format!("now belongs to tenant {owner}; its access was left in place")));
+    let onboarded = tenant
+        .status
+        .iter()
+        .flat_map(|s| s.namespaces.iter())
+        .any(|n| n.name == ns && matches!(n.state, NamespaceState::Onboarded | NamespaceState::Offboarding));
+    if let Some(why) = offboard_refusal(ns, &me, &labels, onboarded, &ctx.operator.namespace, &ctx.protection) {
+        return Ok(Some(why));
     }
     let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), ns);
     delete(&bindings, OPERATOR_BINDING, "RoleBinding").await?;
     delete(&bindings, ADMIN_BINDING, "RoleBinding").await?;
     let quotas: Api<ResourceQuota> = Api::namespaced(ctx.client.clone(), ns);
     delete(&quotas, QUOTA, "ResourceQuota").await?;
-    if tenant.spec.namespace_removal_policy == NamespaceRemovalPolicy::Delete && label.as_deref() == Some(me.as_str()) {
+    if tenant.spec.namespace_removal_policy == NamespaceRemovalPolicy::Delete
+        && super::claim::labelled_owner(&labels) == Some(me.as_str())
+    {
         delete(&namespaces, ns, "Namespace").await?;
     }
     info!(tenant = me, namespace = ns, "offboarded namespace");
@@ -328,7 +346,6 @@ async fn offboard_namespace(
 /// On deletion of a Tenant: offboard every namespace it owns. Objects already gone count as
 /// cleaned up, so a finalizer whose namespaces were deleted by hand completes.
 async fn offboard_all(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantError> {
-    let claims = claims(ctx);
     let mut candidates: Vec<String> = tenant.spec.namespaces.clone();
     for n in tenant.status.iter().flat_map(|s| s.namespaces.iter()) {
         if matches!(n.state, NamespaceState::Onboarded | NamespaceState::Offboarding) && !candidates.contains(&n.name) {
@@ -337,7 +354,7 @@ async fn offboard_all(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, Te
     }
     let reference = tenant.object_ref(&());
     for ns in candidates {
-        if offboard_namespace(tenant, &ns, ctx, &claims).await?.is_none() {
+        if offboard_namespace(tenant, &ns, ctx).await?.is_none() {
             publish(
                 ctx,
                 &reference,

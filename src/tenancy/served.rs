@@ -219,6 +219,7 @@ mod tests {
                 admins: vec![],
                 quota: None,
                 namespace_removal_policy: Default::default(),
+                pod_security: None,
             },
         );
         t.status = Some(TenantStatus {
