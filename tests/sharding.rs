@@ -214,7 +214,8 @@ async fn shards_fail_over_hand_off_and_rebalance() {
 
     // 1. Steady state: every shard held exactly once, balanced within one, and no replica
     //    believes it holds more than the Leases say.
-    let took = wait_balanced(&client, &["shard-a", "shard-b", "shard-c"], Duration::from_secs(60)).await;
+    // Timing bounds are about twice the figures measured on a 2-core machine (in comments).
+    let took = wait_balanced(&client, &["shard-a", "shard-b", "shard-c"], Duration::from_secs(20)).await; // 10.3 s
     println!("3 replicas balanced {:?} after start: {:?}", counts(&holders(&client).await), took);
     wait_for(Duration::from_secs(10), "replicas' own view adds up to 32", || async {
         (believed_held(&[&a, &b, &c]).await == i64::from(SHARDS)).then_some(())
@@ -241,8 +242,9 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     drop(a); // kill_on_drop sends SIGKILL
     let killed = Instant::now();
     bump_all(&client, &namespaces, "2").await;
-    let converged = wait_all_at(&client, &namespaces, "2", Duration::from_secs(60)).await;
-    let rebalanced = wait_balanced(&client, &["shard-b", "shard-c"], Duration::from_secs(60)).await;
+    let converged = wait_all_at(&client, &namespaces, "2", Duration::from_secs(20)).await;
+    assert!(converged <= Duration::from_secs(20), "Apps converged {converged:?} after the kill; measured 8.5 s");
+    let rebalanced = wait_balanced(&client, &["shard-b", "shard-c"], Duration::from_secs(25)).await; // 11.1 s
     println!(
         "kill -9: Apps converged {converged:?} after the kill; shards held by the survivors after {:?}",
         killed.elapsed().max(rebalanced)
@@ -289,8 +291,9 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     let still_named: Vec<u32> =
         holders(&client).await.into_iter().filter(|(_, h)| h.as_deref() == Some("shard-b")).map(|(s, _)| s).collect();
     assert!(still_named.is_empty(), "shards still naming shard-b after it exited: {still_named:?}");
-    wait_balanced(&client, &["shard-c"], Duration::from_secs(30)).await;
+    wait_balanced(&client, &["shard-c"], Duration::from_secs(4)).await;
     let handoff = termed.elapsed();
+    assert!(handoff <= Duration::from_secs(4), "SIGTERM handoff took {handoff:?}; measured 1.3 s");
     println!("SIGTERM: every shard held by the last replica {handoff:?} after the signal");
     bump_all(&client, &namespaces, "3").await;
     wait_all_at(&client, &namespaces, "3", Duration::from_secs(60)).await;
@@ -321,7 +324,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
 
     // 5. A new replica joins: it gets its share, and shards are never held twice.
     let d = Operator::start_with(&kubeconfig, &args, "shard-d").await;
-    let joined = wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(30)).await;
+    let joined = wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(15)).await; // 6.7 s
     println!("a joining replica got its share {joined:?} after it was ready");
     wait_for(Duration::from_secs(10), "replicas' own view adds up to 32", || async {
         (believed_held(&[&c, &d]).await == i64::from(SHARDS)).then_some(())
@@ -337,9 +340,17 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     tokio::time::sleep(Duration::from_secs(20)).await;
     support::cluster_script(&["start"]);
     let back = Timestamp::now();
+    let back_at = Instant::now();
     let client = admin_client().await;
-    let recovered = wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(90)).await;
-    println!("control plane down 20 s: shards held and balanced again {recovered:?} after it came back");
+    // The Leases still name their holders from before the outage; what counts is that the
+    // replicas themselves hold every shard again.
+    wait_for(Duration::from_secs(20), "replicas hold every shard again after the outage", || async {
+        (believed_held(&[&c, &d]).await == i64::from(SHARDS)).then_some(())
+    })
+    .await;
+    let recovered = back_at.elapsed();
+    wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(5)).await;
+    println!("control plane down 20 s: every shard held by the replicas again {recovered:?} after it came back");
     // What the operator does is checked (Deployments carry the new version, status observed
     // it): kwok restarted by `kwokctl start` leaves newly scheduled pods Pending.
     bump_all(&client, &namespaces, "5").await;
@@ -399,7 +410,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     wait_balanced(&client, &["shard-c", "shard-d", "shard-e"], Duration::from_secs(30)).await;
     assert_eq!(http_get(&e.admin, "/healthz").await.map(|(code, _)| code), Some(200));
     proxy.stall();
-    let moved = wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(60)).await;
+    let moved = wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(30)).await; // 17.0 s
     let health = http_get(&e.admin, "/healthz").await;
     println!(
         "stalled replica: its shards held by its peers {moved:?} after the stall (--stuck-after {stuck_after:?}); /healthz {health:?}"

@@ -310,7 +310,8 @@ mod tests {
         // others', and together they take every free shard.
         let after_outage: Vec<Option<&str>> = (0..32).map(|s| Some(["a!", "b!", "c!"][s % 3])).collect::<Vec<_>>();
         let half: Vec<Option<&str>> = (0..32).map(|s| (s % 2 == 0).then_some("a")).collect();
-        let cases: Vec<(&str, Vec<&str>, Vec<Option<&str>>)> = vec![
+        type Case<'a> = (&'a str, Vec<&'a str>, Vec<Option<&'a str>>);
+        let cases: Vec<Case> = vec![
             ("fresh install, three replicas", vec!["a", "b", "c"], vec![None; 32]),
             ("fresh install, five replicas", vec!["a", "b", "c", "d", "e"], vec![None; 32]),
             ("after an outage every Lease names a replica that fenced itself", vec!["a", "b", "c"], after_outage),
