@@ -186,6 +186,8 @@ fn main() -> ExitCode {
                     namespaces_per_connection: usize::from(args.namespaces_per_connection),
                     max_requests_in_flight: usize::from(args.max_requests_in_flight),
                     request_timeout: args.request_timeout,
+                    stuck_after: args.stuck_after,
+                    workload_url: args.workload_api_url,
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,

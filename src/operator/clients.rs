@@ -29,12 +29,14 @@ use tokio::sync::Semaphore;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::retry::RetryLayer;
 use tower::timeout::TimeoutLayer;
+use tower::util::MapResponseLayer;
 use tower::{BoxError, ServiceBuilder};
 use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 
 use super::fault::AbortAfterWrites;
+use crate::sharding::stuck::Progress;
 use super::wire_fence::WireFenceLayer;
 
 /// Pings on an otherwise quiet connection, so that a dead peer (a restarted apiserver, a
@@ -74,11 +76,12 @@ pub struct Clients {
     fence: Option<WireFenceLayer>,
     deadline: Option<Duration>,
     fault: Option<AbortAfterWrites>,
+    progress: Option<Progress>,
 }
 
 impl Clients {
     pub fn new(config: Config, protocol: Protocol) -> Self {
-        Self { config, protocol, in_flight: None, fence: None, deadline: None, fault: None }
+        Self { config, protocol, in_flight: None, fence: None, deadline: None, fault: None, progress: None }
     }
 
     /// A factory whose clients together have at most `max` requests in flight.
@@ -95,6 +98,12 @@ impl Clients {
     /// after it waited for its permit (see `wire_fence`).
     pub fn fenced(&self, fence: WireFenceLayer) -> Self {
         Self { fence: Some(fence), ..self.clone() }
+    }
+
+    /// A factory whose clients report every answer of the apiserver to `progress` (the
+    /// replica's judgement of whether it is stuck).
+    pub fn with_progress(&self, progress: Progress) -> Self {
+        Self { progress: Some(progress), ..self.clone() }
     }
 
     /// A factory whose requests each give up after `deadline` without an answer (the
@@ -173,6 +182,12 @@ impl Clients {
             // Below the bound and the retries: the last look at the fence before the wire.
             .option_layer(self.fence.clone())
             .option_layer(self.deadline.map(TimeoutLayer::new))
+            .option_layer(self.progress.clone().map(|progress| {
+                MapResponseLayer::new(move |response| {
+                    progress.workload_answered();
+                    response
+                })
+            }))
             .option_layer(self.fault.clone())
             .map_err(BoxError::from)
             .service(hyper);

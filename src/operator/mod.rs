@@ -24,6 +24,7 @@ use crate::sharding::fence::Fence;
 use crate::sharding::leases::Leases;
 use crate::sharding::manager::{ShardChannels, ShardSettings, run_shard_manager};
 use crate::sharding::singleton::run_singleton;
+use crate::sharding::stuck::{Progress, watch_progress};
 use crate::telemetry::Metrics;
 use crate::tenancy::OperatorIdentity;
 use crate::tenancy::controller::tenant_controller;
@@ -55,6 +56,13 @@ pub struct Settings {
     pub max_requests_in_flight: usize,
     /// How long a sent request waits for its answer.
     pub request_timeout: Duration,
+    /// A replica whose requests go unanswered this long while its Leases are answered is
+    /// stuck: it drops its shards and fails `/healthz` (see `sharding::stuck`).
+    pub stuck_after: Duration,
+    /// For tests of network faults only: every request but the Leases' goes to this URL (a
+    /// proxy in front of the same apiserver), so that the workload path can be broken while
+    /// the Lease path works.
+    pub workload_url: Option<http::Uri>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,12 +107,15 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         namespaces_per_connection: 1,
         max_requests_in_flight: 1,
         request_timeout: Duration::from_secs(30),
+        stuck_after: Duration::from_secs(30),
+        workload_url: None,
     };
-    Ok(clients(&settings).await?.client()?)
+    Ok(clients(&settings, None).await?.client()?)
 }
 
-/// A factory of clients with the replica's configuration, each with a connection of its own.
-async fn clients(settings: &Settings) -> Result<Clients, OperatorError> {
+/// A factory of clients with the replica's configuration, each with a connection of its own;
+/// `url` replaces the apiserver's URL.
+async fn clients(settings: &Settings, url: Option<&http::Uri>) -> Result<Clients, OperatorError> {
     let mut config = match &settings.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -115,6 +126,9 @@ async fn clients(settings: &Settings) -> Result<Clients, OperatorError> {
         }
         None => Config::infer().await?,
     };
+    if let Some(url) = url {
+        config.cluster_url = url.clone();
+    }
     // Every write of this replica can be told apart in an apiserver audit log.
     let agent = format!("flotilla/{} ({})", env!("CARGO_PKG_VERSION"), settings.replica_id);
     if let Ok(value) = http::HeaderValue::from_str(&agent) {
@@ -146,11 +160,21 @@ async fn termination() {
 
 /// Runs the replica until SIGTERM.
 pub async fn run(settings: Settings) -> Result<(), OperatorError> {
-    let all = clients(&settings).await?;
+    let all = clients(&settings, None).await?;
     // Leases and the singleton's election on a connection of their own, outside the bound on
     // requests in flight: renewals must never wait behind the replica's bulk work.
     let control = all.client()?;
-    let clients = all.limited(settings.max_requests_in_flight).with_deadline(settings.request_timeout);
+    let workload = match &settings.workload_url {
+        Some(url) => clients(&settings, Some(url)).await?,
+        None => all,
+    };
+    // Every answer on the workload path is progress (see `sharding::stuck`): a replica busy
+    // behind a slow apiserver is not stuck while its requests complete.
+    let progress = Progress::new();
+    let clients = workload
+        .limited(settings.max_requests_in_flight)
+        .with_deadline(settings.request_timeout)
+        .with_progress(progress.clone());
     let client = clients.client()?;
     let metrics = Metrics::new()?;
     let ready = Arc::new(AtomicBool::new(false));
@@ -159,9 +183,10 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let (addr, admin) = admin::serve(settings.admin_addr, metrics.clone(), ready.clone(), stopped(stop_rx.clone()))
-        .await
-        .map_err(|source| OperatorError::Admin { addr: settings.admin_addr, source })?;
+    let (addr, admin) =
+        admin::serve(settings.admin_addr, metrics.clone(), ready.clone(), progress.clone(), stopped(stop_rx.clone()))
+            .await
+            .map_err(|source| OperatorError::Admin { addr: settings.admin_addr, source })?;
     info!(%addr, replica = settings.replica_id, "admin server listening (/metrics, /healthz, /readyz)");
 
     let mut tasks = Vec::new();
@@ -208,8 +233,21 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 leases,
                 settings.replica_id.clone(),
                 settings.sharding,
-                ShardChannels { fence: fence.clone(), held_tx, working_rx, ready: ready.clone() },
+                ShardChannels {
+                    fence: fence.clone(),
+                    held_tx,
+                    working_rx,
+                    ready: ready.clone(),
+                    progress: progress.clone(),
+                },
                 metrics.clone(),
+                stop_rx.clone(),
+            )));
+            // Probes the path the work takes, through the same bound on requests in flight.
+            tasks.push(tokio::spawn(watch_progress(
+                client.clone(),
+                progress.clone(),
+                settings.stuck_after,
                 stop_rx.clone(),
             )));
             let (tenant_client, identity, protection, tenant_reporter, tenant_metrics) = (
@@ -224,8 +262,9 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 let namespace = settings.identity.namespace.clone();
                 let me = settings.replica_id.clone();
                 let shutdown = stop_rx.clone();
+                let progress = progress.clone();
                 async move {
-                    run_singleton(client, &namespace, &me, Duration::from_secs(15), shutdown, move |stop| {
+                    run_singleton(client, &namespace, &me, Duration::from_secs(15), progress, shutdown, move |stop| {
                         tenant_controller(
                             tenant_client.clone(),
                             identity.clone(),

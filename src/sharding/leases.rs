@@ -57,6 +57,13 @@ pub enum LeaseError {
     Timeout { action: &'static str, name: String, after: std::time::Duration },
 }
 
+impl LeaseError {
+    /// Whether the apiserver answered (with an error status): the path to it works.
+    pub fn answered(&self) -> bool {
+        matches!(self, LeaseError::Api { source: kube::Error::Api(_), .. })
+    }
+}
+
 /// Reads and writes the operator's Leases in its own namespace.
 #[derive(Clone)]
 pub struct Leases {
@@ -189,16 +196,29 @@ impl Leases {
         self.write(&name, &kind, Some(held), |spec| spec.renew_time = Some(now())).await
     }
 
-    /// Gives a shard Lease back so that a peer can take it at once.
+    /// Gives a shard Lease back so that a peer can take it at once. When the version held is
+    /// stale (a renewal was in flight when the release was decided), the Lease is read again
+    /// and released from that version if it still names this replica.
     pub async fn release(&self, held: &Lease) -> Result<(), LeaseError> {
         let name = held.metadata.name.clone().unwrap_or_default();
-        self.write(&name, "shard", Some(held), |spec| {
+        let clear = |spec: &mut LeaseSpec| {
             spec.holder_identity = None;
             spec.acquire_time = None;
             spec.renew_time = None;
-        })
-        .await
-        .map(|_| ())
+        };
+        if self.write(&name, "shard", Some(held), clear).await?.is_some() {
+            return Ok(());
+        }
+        let current = self
+            .bounded("reading", &name, self.api.get_opt(&name))
+            .await?
+            .map_err(|source| LeaseError::Api { action: "reading", name: name.clone(), source })?;
+        match current {
+            Some(lease) if holder(&lease) == Some(self.me.as_str()) => {
+                self.write(&name, "shard", Some(&lease), clear).await.map(|_| ())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Creates or renews this replica's membership Lease (no contention: one writer).

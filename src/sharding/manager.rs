@@ -1,17 +1,32 @@
 //! The shard manager of one replica: renews what it holds, fences itself when renewing fails,
 //! takes its fair share of free or expired shards, hands surplus back, and on shutdown stops
 //! its work before releasing every Lease.
+//!
+//! Renewals run in a loop of their own, several at once (at most `RENEWALS_IN_FLIGHT`), so
+//! they never wait behind a list, an acquisition or a release: at 100 ms of apiserver latency
+//! 32 renewals take 0.4 s, not 3.2 s. The other loop lists the Leases, plans with the pure
+//! functions of `plan` and acquires (at most `ACQUISITIONS_IN_FLIGHT` at once) or releases.
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::fence::Fence;
-use super::leases::{LABEL_SHARDS, Leases, holder, is_member, shard_lease_name, shard_of_lease};
-use super::plan::{ExpiryTracker, plan};
+use super::leases::{LABEL_SHARDS, LeaseError, Leases, holder, is_member, shard_lease_name, shard_of_lease};
+use super::plan::{ExpiryTracker, View, plan};
+use super::stuck::Progress;
 use crate::telemetry::Metrics;
+
+/// Renewals in flight at once.
+const RENEWALS_IN_FLIGHT: usize = 8;
+/// Acquisitions (and releases) in flight at once.
+const ACQUISITIONS_IN_FLIGHT: usize = 4;
 
 /// Timings of shard ownership.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +55,13 @@ impl Default for ShardSettings {
     }
 }
 
+impl ShardSettings {
+    /// How long a free shard is left to the replica the shared assignment gives it to.
+    fn grace(&self) -> Duration {
+        self.retry_period * 4
+    }
+}
+
 struct Held {
     lease: Lease,
     renewed: Instant,
@@ -58,6 +80,90 @@ pub struct ShardChannels {
     /// then it neither announces itself nor takes shards, so that a replica that cannot work
     /// never holds shards its peers could serve.
     pub ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the replica's work makes progress. A stuck replica stops renewing (its peers
+    /// take its shards once the Leases expire), stops announcing itself and takes nothing.
+    pub progress: Progress,
+}
+
+/// The shards this replica holds, shared by the renewing loop and the balancing loop. Every
+/// change goes to the fence first, then to the work.
+#[derive(Clone)]
+struct Holdings {
+    held: Arc<Mutex<BTreeMap<u32, Held>>>,
+    tx: Arc<watch::Sender<BTreeSet<u32>>>,
+    fence: Fence,
+}
+
+impl Holdings {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u32, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish(&self) {
+        let set: BTreeSet<u32> = self.lock().keys().copied().collect();
+        self.tx.send_if_modified(|current| {
+            if *current != set {
+                *current = set;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    fn insert(&self, shard: u32, lease: Lease, sent: Instant) {
+        self.fence.renewed(shard, sent);
+        self.lock().insert(shard, Held { lease, renewed: sent });
+        self.publish();
+    }
+
+    /// Records a renewal sent at `sent` from the version `from`, unless the shard was dropped
+    /// or changed hands meanwhile.
+    fn renewed(&self, shard: u32, from: &str, lease: Lease, sent: Instant) {
+        let mut held = self.lock();
+        if let Some(h) = held.get_mut(&shard)
+            && h.lease.metadata.resource_version.as_deref() == Some(from)
+        {
+            self.fence.renewed(shard, sent);
+            h.lease = lease;
+            h.renewed = sent;
+        }
+    }
+
+    /// Whether `shard` is held at version `from`.
+    fn holds(&self, shard: u32, from: &str) -> bool {
+        self.lock().get(&shard).is_some_and(|h| h.lease.metadata.resource_version.as_deref() == Some(from))
+    }
+
+    /// Removes shards (the fence first), returning what was held.
+    fn remove(&self, shards: &[u32]) -> Vec<(u32, Held)> {
+        for shard in shards {
+            self.fence.dropped(*shard);
+        }
+        let removed: Vec<(u32, Held)> = {
+            let mut held = self.lock();
+            shards.iter().filter_map(|s| held.remove(s).map(|h| (*s, h))).collect()
+        };
+        self.publish();
+        removed
+    }
+
+    fn shards(&self) -> BTreeSet<u32> {
+        self.lock().keys().copied().collect()
+    }
+
+    /// Held shards whose last renewal is at least `interval` old, with the version to renew from.
+    fn due(&self, now: Instant, interval: Duration) -> Vec<(u32, Lease)> {
+        self.lock()
+            .iter()
+            .filter(|(_, h)| now.saturating_duration_since(h.renewed) >= interval)
+            .map(|(s, h)| (*s, h.lease.clone()))
+            .collect()
+    }
+
+    fn seconds_since_renew(&self, now: Instant) -> f64 {
+        self.lock().values().map(|h| now.saturating_duration_since(h.renewed).as_secs_f64()).fold(0.0, f64::max)
+    }
 }
 
 /// Runs until `shutdown`, then stops work in every shard and releases their Leases.
@@ -67,15 +173,197 @@ pub async fn run_shard_manager(
     settings: ShardSettings,
     channels: ShardChannels,
     metrics: Metrics,
+    shutdown: watch::Receiver<bool>,
+) {
+    let ShardChannels { fence, held_tx, mut working_rx, ready, progress } = channels;
+    metrics.shards_configured(settings.shards);
+    let holdings = Holdings { held: Arc::default(), tx: Arc::new(held_tx), fence };
+    let renewing = renew_loop(
+        leases.clone(),
+        holdings.clone(),
+        settings,
+        ready.clone(),
+        progress.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    );
+    let balancing = balance_loop(
+        Balancer { leases: leases.clone(), me, settings, holdings: holdings.clone(), metrics: metrics.clone() },
+        &mut working_rx,
+        ready,
+        progress,
+        shutdown,
+    );
+    tokio::join!(renewing, balancing);
+
+    // Graceful handoff: stop all work first, then release every Lease so peers take over at once.
+    let shards: Vec<u32> = holdings.shards().into_iter().collect();
+    let released = holdings.remove(&shards);
+    wait_stopped(&mut working_rx, shards.into_iter().collect(), settings.renew_deadline).await;
+    futures::stream::iter(released)
+        .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |(shard, h)| {
+            let (leases, metrics) = (leases.clone(), metrics.clone());
+            async move {
+                match leases.release(&h.lease).await {
+                    Ok(()) => metrics.lease_event("released"),
+                    Err(e) => warn!(shard, error = %e, "could not release shard on shutdown"),
+                }
+            }
+        })
+        .await;
+    leases.leave().await;
+    metrics.shards_held(0, 0.0);
+    info!("released every shard");
+}
+
+type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+/// A renewal that came back.
+enum Done {
+    Shard { shard: u32, from: String, sent: Instant, result: Result<Option<Lease>, LeaseError> },
+    Member { result: Result<Option<Lease>, LeaseError> },
+}
+
+/// Renews held shards and the membership Lease, several at once, and fences shards whose
+/// renewal is older than the renew deadline. Runs until `shutdown`.
+async fn renew_loop(
+    leases: Leases,
+    holdings: Holdings,
+    settings: ShardSettings,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    progress: Progress,
+    metrics: Metrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let ShardChannels { fence, held_tx, mut working_rx, ready } = channels;
-    let start = Instant::now();
-    metrics.shards_configured(settings.shards);
-    let mut tracker = ExpiryTracker::default();
-    let mut held: BTreeMap<u32, Held> = BTreeMap::new();
+    let mut tick = tokio::time::interval((settings.renew_interval / 4).min(settings.retry_period));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
+    let mut renewing: BTreeSet<u32> = BTreeSet::new();
     let mut membership: Option<Lease> = None;
     let mut membership_renewed: Option<Instant> = None;
+    let mut member_pending = false;
+    let lose = |shards: Vec<u32>, why: &str| {
+        for (shard, _) in holdings.remove(&shards) {
+            metrics.lease_event("lost");
+            warn!(shard, why, "lost shard: stopping its work");
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            Some(done) = pending.next(), if !pending.is_empty() => match done {
+                Done::Shard { shard, from, sent, result } => {
+                    renewing.remove(&shard);
+                    match result {
+                        Ok(Some(lease)) => {
+                            progress.control_answered();
+                            holdings.renewed(shard, &from, lease, sent);
+                        }
+                        Ok(None) => {
+                            progress.control_answered();
+                            if holdings.holds(shard, &from) {
+                                lose(vec![shard], "its Lease was written by another replica");
+                            }
+                        }
+                        Err(e) => {
+                            if e.answered() {
+                                progress.control_answered();
+                            }
+                            warn!(shard, error = %e, "could not renew shard Lease");
+                        }
+                    }
+                }
+                Done::Member { result } => {
+                    member_pending = false;
+                    match result {
+                        Ok(Some(l)) => {
+                            progress.control_answered();
+                            membership = Some(l);
+                            membership_renewed = Some(Instant::now());
+                        }
+                        Ok(None) => membership = None,
+                        Err(e) => {
+                            if e.answered() {
+                                progress.control_answered();
+                            }
+                            warn!(error = %e, "could not renew membership Lease");
+                        }
+                    }
+                }
+            },
+            _ = tick.tick() => {
+                let now = Instant::now();
+                if let Some(silent) = progress.stuck() {
+                    // Stop everything and renew nothing: peers take the shards once the
+                    // Leases expire, and count this replica gone once its membership does.
+                    let all: Vec<u32> = holdings.shards().into_iter().collect();
+                    if !all.is_empty() {
+                        warn!(shards = all.len(), silent = ?silent, "stuck: dropping every shard");
+                        lose(all, "this replica is stuck");
+                    }
+                    metrics.shards_held(0, 0.0);
+                    continue;
+                }
+                // Fence: stop work in shards not renewed within the deadline, before anyone may take them.
+                let lapsed: Vec<u32> = holdings
+                    .due(now, settings.renew_deadline)
+                    .into_iter()
+                    .map(|(s, _)| s)
+                    .collect();
+                if !lapsed.is_empty() {
+                    lose(lapsed, "not renewed within the renew deadline");
+                }
+                for (shard, lease) in holdings.due(now, settings.renew_interval) {
+                    if pending.len() >= RENEWALS_IN_FLIGHT {
+                        break;
+                    }
+                    if !renewing.insert(shard) {
+                        continue;
+                    }
+                    let leases = leases.clone();
+                    let from = lease.metadata.resource_version.clone().unwrap_or_default();
+                    pending.push(Box::pin(async move {
+                        let sent = Instant::now();
+                        let result = leases.renew(&lease).await;
+                        Done::Shard { shard, from, sent, result }
+                    }));
+                }
+                let work_ready = ready.load(std::sync::atomic::Ordering::SeqCst);
+                let member_due = membership_renewed.is_none_or(|t| now.duration_since(t) >= settings.renew_interval);
+                if work_ready && member_due && !member_pending {
+                    member_pending = true;
+                    let (leases, last) = (leases.clone(), membership.clone());
+                    pending.push(Box::pin(async move { Done::Member { result: leases.heartbeat(last.as_ref()).await } }));
+                }
+                metrics.shards_held(holdings.shards().len(), holdings.seconds_since_renew(now));
+            }
+        }
+    }
+}
+
+/// What the balancing loop works with.
+struct Balancer {
+    leases: Leases,
+    me: String,
+    settings: ShardSettings,
+    holdings: Holdings,
+    metrics: Metrics,
+}
+
+/// Lists the Leases every retry period, takes free shards and hands surplus back. Runs until
+/// `shutdown`.
+async fn balance_loop(
+    b: Balancer,
+    working_rx: &mut watch::Receiver<BTreeSet<u32>>,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    progress: Progress,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Balancer { leases, me, settings, holdings, metrics } = b;
+    let start = Instant::now();
+    let mut tracker = ExpiryTracker::default();
+    let mut last_listed: Option<Instant> = None;
+    let mut failed_since = false;
     let mut tick = tokio::time::interval(settings.retry_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -83,60 +371,20 @@ pub async fn run_shard_manager(
             _ = shutdown.wait_for(|s| *s) => break,
             _ = tick.tick() => {}
         }
-        let now = Instant::now();
-
-        // Renew what is due; a failed renewal is retried next round until the deadline.
-        let mut taken = Vec::new();
-        for (shard, h) in held.iter_mut() {
-            if now.duration_since(h.renewed) < settings.renew_interval {
-                continue;
-            }
-            let sent = Instant::now();
-            match leases.renew(&h.lease).await {
-                Ok(Some(lease)) => {
-                    h.lease = lease;
-                    h.renewed = sent;
-                    fence.renewed(*shard, sent);
-                }
-                Ok(None) => {
-                    warn!(shard, "shard Lease was taken by another replica");
-                    taken.push(*shard);
-                }
-                Err(e) => warn!(shard, error = %e, "could not renew shard Lease"),
-            }
+        if progress.stuck().is_some() {
+            continue;
         }
-        // Fence: stop work in shards not renewed within the deadline, before anyone may take them.
-        let mut lost: Vec<u32> = held
-            .iter()
-            .filter(|(_, h)| now.duration_since(h.renewed) >= settings.renew_deadline)
-            .map(|(s, _)| *s)
-            .collect();
-        lost.extend(taken);
-        for shard in lost {
-            held.remove(&shard);
-            fence.dropped(shard);
-            metrics.lease_event("lost");
-            warn!(shard, "lost shard: stopping its work");
-        }
-        publish(&held_tx, &held);
-
-        let work_ready = ready.load(std::sync::atomic::Ordering::SeqCst);
-        if work_ready && membership_renewed.is_none_or(|t| now.duration_since(t) >= settings.renew_interval) {
-            match leases.heartbeat(membership.as_ref()).await {
-                Ok(Some(l)) => {
-                    membership = Some(l);
-                    membership_renewed = Some(Instant::now());
-                }
-                Ok(None) => membership = None,
-                Err(e) => warn!(error = %e, "could not renew membership Lease"),
-            }
-        }
-
         let all = match leases.list().await {
-            Ok(all) => all,
+            Ok(all) => {
+                progress.control_answered();
+                all
+            }
             Err(e) => {
+                if e.answered() {
+                    progress.control_answered();
+                }
                 warn!(error = %e, "could not list Leases");
-                metrics.shards_held(held.len(), seconds_since_renew(&held, now));
+                failed_since = true;
                 continue;
             }
         };
@@ -144,10 +392,30 @@ pub async fn run_shard_manager(
         // the start of the round would make a peer's fresh renewal look older than it is.
         let now = Instant::now();
         let now_ms = u64::try_from(now.duration_since(start).as_millis()).unwrap_or(u64::MAX);
-        let present: BTreeSet<String> = all.iter().filter_map(|l| l.metadata.name.clone()).collect();
+        // After a time without seeing the Leases (failed lists, or a pause of this process),
+        // their holders may not have been able to renew either: count again from now.
+        if let Some(last) = last_listed {
+            let gap = now.duration_since(last);
+            if gap > settings.renew_interval && (failed_since || gap > settings.lease_duration) {
+                info!(gap = ?gap, "Leases seen again after a gap: judging their expiry from now");
+                tracker.restart(now_ms);
+            }
+        }
+        last_listed = Some(now);
+        failed_since = false;
+
+        let mut present: BTreeSet<String> = all.iter().filter_map(|l| l.metadata.name.clone()).collect();
         for l in &all {
             let name = l.metadata.name.clone().unwrap_or_default();
             tracker.observe(&name, holder(l), l.metadata.resource_version.as_deref().unwrap_or_default(), now_ms);
+        }
+        // Shards whose Lease was never created are free from when this replica first saw them missing.
+        for shard in 0..settings.shards {
+            let name = shard_lease_name(shard);
+            if !present.contains(&name) {
+                tracker.observe(&name, None, "", now_ms);
+                present.insert(name);
+            }
         }
         tracker.retain(&present);
         // Membership Leases of replicas that died without leaving (kill -9) are removed once
@@ -170,16 +438,30 @@ pub async fn run_shard_manager(
             .collect();
         let by_shard: BTreeMap<u32, &Lease> =
             all.iter().filter_map(|l| Some((shard_of_lease(l.metadata.name.as_deref()?)?, l))).collect();
-        let free: BTreeSet<u32> = (0..settings.shards)
-            .filter(|s| !held.contains_key(s))
-            .filter(|s| match by_shard.get(s) {
-                None => true,
-                Some(l) => {
-                    holder(l).is_none() || tracker.is_free(&shard_lease_name(*s), now_ms, settings.lease_duration)
+        let held = holdings.shards();
+        let mut own_stale = BTreeSet::new();
+        let mut others: BTreeMap<String, usize> = BTreeMap::new();
+        let mut free: BTreeMap<u32, Duration> = BTreeMap::new();
+        for shard in (0..settings.shards).filter(|s| !held.contains(s)) {
+            let lease = by_shard.get(&shard).copied();
+            match lease.and_then(holder) {
+                Some(h) if h == me => {
+                    own_stale.insert(shard);
+                    continue;
                 }
-            })
-            .collect();
-        let mine: BTreeSet<u32> = held.keys().copied().collect();
+                Some(h)
+                    if live.contains(h)
+                        && !tracker.is_free(&shard_lease_name(shard), now_ms, settings.lease_duration) =>
+                {
+                    *others.entry(h.to_string()).or_default() += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            if let Some(f) = tracker.free_for(&shard_lease_name(shard), now_ms, settings.lease_duration) {
+                free.insert(shard, f);
+            }
+        }
         let mismatched: Vec<String> = all
             .iter()
             .filter(|l| is_member(l))
@@ -187,8 +469,18 @@ pub async fn run_shard_manager(
             .filter_map(|l| l.metadata.labels.as_ref()?.get(LABEL_SHARDS).cloned())
             .filter(|n| *n != settings.shards.to_string())
             .collect();
-        let mut decision = plan(&me, settings.shards, &live, &mine, &free);
-        if !work_ready {
+        let view = View {
+            me: &me,
+            shards: settings.shards,
+            live: &live,
+            held: &held,
+            own_stale: &own_stale,
+            others: &others,
+            free: &free,
+            grace: settings.grace(),
+        };
+        let mut decision = plan(&view);
+        if !ready.load(std::sync::atomic::Ordering::SeqCst) {
             decision.acquire.clear();
         }
         if !mismatched.is_empty() {
@@ -197,71 +489,43 @@ pub async fn run_shard_manager(
             decision.acquire.clear();
         }
 
-        for shard in decision.acquire {
-            let sent = Instant::now();
-            match leases.acquire(shard, by_shard.get(&shard).copied()).await {
-                Ok(Some(lease)) => {
-                    info!(shard, "acquired shard");
-                    metrics.lease_event("acquired");
-                    fence.renewed(shard, sent);
-                    held.insert(shard, Held { lease, renewed: sent });
+        futures::stream::iter(decision.acquire)
+            .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |shard| {
+                let read = by_shard.get(&shard).map(|l| (*l).clone());
+                let (leases, holdings, metrics, progress) =
+                    (leases.clone(), holdings.clone(), metrics.clone(), progress.clone());
+                async move {
+                    let sent = Instant::now();
+                    match leases.acquire(shard, read.as_ref()).await {
+                        Ok(Some(lease)) => {
+                            progress.control_answered();
+                            info!(shard, "acquired shard");
+                            metrics.lease_event("acquired");
+                            holdings.insert(shard, lease, sent);
+                        }
+                        Ok(None) => progress.control_answered(),
+                        Err(e) => warn!(shard, error = %e, "could not acquire shard"),
+                    }
                 }
-                Ok(None) => {}
-                Err(e) => warn!(shard, error = %e, "could not acquire shard"),
-            }
-        }
+            })
+            .await;
         if !decision.release.is_empty() {
-            let release: Vec<(u32, Held)> =
-                decision.release.iter().filter_map(|s| held.remove(s).map(|h| (*s, h))).collect();
-            for (shard, _) in &release {
-                fence.dropped(*shard);
-            }
-            publish(&held_tx, &held);
-            wait_stopped(&mut working_rx, release.iter().map(|(s, _)| *s).collect(), settings.renew_deadline).await;
-            for (shard, h) in release {
-                if let Err(e) = leases.release(&h.lease).await {
-                    warn!(shard, error = %e, "could not release shard");
-                }
-                info!(shard, "handed shard back for balance");
-                metrics.lease_event("released");
-            }
-        }
-        publish(&held_tx, &held);
-        metrics.shards_held(held.len(), seconds_since_renew(&held, Instant::now()));
-    }
-
-    // Graceful handoff: stop all work first, then release every Lease so peers take over at once.
-    let shards: BTreeSet<u32> = held.keys().copied().collect();
-    for shard in &shards {
-        fence.dropped(*shard);
-    }
-    held_tx.send_replace(BTreeSet::new());
-    wait_stopped(&mut working_rx, shards, settings.renew_deadline).await;
-    for (shard, h) in held {
-        match leases.release(&h.lease).await {
-            Ok(()) => metrics.lease_event("released"),
-            Err(e) => warn!(shard, error = %e, "could not release shard on shutdown"),
+            let release = holdings.remove(&decision.release);
+            wait_stopped(working_rx, release.iter().map(|(s, _)| *s).collect(), settings.renew_deadline).await;
+            futures::stream::iter(release)
+                .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |(shard, h)| {
+                    let (leases, metrics) = (leases.clone(), metrics.clone());
+                    async move {
+                        if let Err(e) = leases.release(&h.lease).await {
+                            warn!(shard, error = %e, "could not release shard");
+                        }
+                        info!(shard, "handed shard back for balance");
+                        metrics.lease_event("released");
+                    }
+                })
+                .await;
         }
     }
-    leases.leave().await;
-    metrics.shards_held(0, 0.0);
-    info!("released every shard");
-}
-
-fn publish(tx: &watch::Sender<BTreeSet<u32>>, held: &BTreeMap<u32, Held>) {
-    let set: BTreeSet<u32> = held.keys().copied().collect();
-    tx.send_if_modified(|current| {
-        if *current != set {
-            *current = set;
-            true
-        } else {
-            false
-        }
-    });
-}
-
-fn seconds_since_renew(held: &BTreeMap<u32, Held>, now: Instant) -> f64 {
-    held.values().map(|h| now.duration_since(h.renewed).as_secs_f64()).fold(0.0, f64::max)
 }
 
 /// Waits until none of `shards` has work running, or the deadline passes.

@@ -7,5 +7,6 @@ pub mod leases;
 pub mod manager;
 pub mod plan;
 pub mod singleton;
+pub mod stuck;
 
 pub use hash::shard_of;

@@ -17,15 +17,20 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::stuck::Progress;
+
 /// Name of the singleton Lease in the operator's namespace.
 pub const SINGLETON_LEASE: &str = "flotilla-singleton";
 
-/// Runs `work` (given a stop signal) while this replica leads; steps down on `shutdown`.
+/// Runs `work` (given a stop signal) while this replica leads; steps down on `shutdown`. A
+/// replica judged stuck (`progress`) stops the work and stops renewing, so a peer is elected
+/// once the Lease expires.
 pub async fn run_singleton<W, F>(
     client: Client,
     namespace: &str,
     me: &str,
     ttl: Duration,
+    progress: Progress,
     mut shutdown: watch::Receiver<bool>,
     work: W,
 ) where
@@ -44,6 +49,14 @@ pub async fn run_singleton<W, F>(
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
             _ = tick.tick() => {}
+        }
+        if progress.stuck().is_some() {
+            if let Some((stop, task)) = running.take() {
+                warn!("stuck: stopping singleton work and no longer renewing its Lease");
+                let _ = stop.send(true);
+                let _ = task.await;
+            }
+            continue;
         }
         let leading = match tokio::time::timeout(ttl / 3, lock.try_acquire_or_renew()).await {
             Ok(Ok(LeaseLockResult::Acquired(_))) => {

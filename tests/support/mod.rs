@@ -5,6 +5,7 @@
 
 pub mod prometheus;
 pub mod rollout;
+pub mod stall_proxy;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -348,9 +349,27 @@ pub fn audit_log() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// The whole audit log. Panics when it is missing or empty: a test that reads it to prove who
+/// wrote what must never pass for lack of evidence.
+pub fn audit_text() -> String {
+    let path = audit_log();
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reading the audit log {}: {e}; the cluster must run with hack/cluster.sh's audit policy",
+            path.display()
+        )
+    });
+    assert!(
+        !text.trim().is_empty(),
+        "the audit log {} is empty: requests of the operator's ServiceAccounts are not being audited",
+        path.display()
+    );
+    text
+}
+
 /// Audit events (parsed JSON lines) whose request URI touches `namespace`.
 pub fn audit_events_in(namespace: &str) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(audit_log()).unwrap_or_default();
+    let text = audit_text();
     let needle = format!("/namespaces/{namespace}/");
     text.lines().filter(|l| l.contains(&needle)).filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
