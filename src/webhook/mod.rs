@@ -3,6 +3,8 @@
 
 pub mod cert;
 pub mod crd;
+pub mod limits;
+pub mod review;
 pub mod server;
 
 use axum_server::tls_rustls::RustlsConfig;
@@ -86,17 +88,16 @@ async fn keep_current(
             _ = shutdown.wait_for(|s| *s) => return,
         }
         match cert::shared(&client, &settings.namespace, &settings.secret, &names).await {
-            Ok(pair) if pair != current => {
-                match tls.reload_from_pem(pair.cert_pem.clone().into_bytes(), pair.key_pem.clone().into_bytes()).await {
-                    Ok(()) => {
-                        info!(secret = settings.secret, "the webhook certificate changed; serving the new one");
-                        current = pair;
-                    }
-                    Err(e) => {
-                        warn!(secret = settings.secret, error = %e, "the new webhook certificate cannot be used; keeping the old one")
-                    }
+            Ok(pair) if pair != current => match server::tls_config(&pair).await {
+                Ok(config) => {
+                    tls.reload_from_config(config);
+                    info!(secret = settings.secret, "the webhook certificate changed; serving the new one");
+                    current = pair;
                 }
-            }
+                Err(e) => {
+                    warn!(secret = settings.secret, error = %e, "the new webhook certificate cannot be used; keeping the old one")
+                }
+            },
             Ok(_) => {}
             Err(e) => warn!(error = %e, "could not read the webhook certificate; keeping the one in use"),
         }
