@@ -32,8 +32,9 @@ pub const MAX_OBJECTS: usize = 10_000;
 
 /// Request bodies read at once per replica; further requests wait (within
 /// [`REQUEST_TIMEOUT`]). Reading is apart from converting, so that slow senders cannot hold
-/// the conversion slots; with [`BODY_LIMIT`] this bounds the bodies held to 8 x 16 MiB.
-pub const MAX_BODIES_IN_FLIGHT: usize = 8;
+/// the conversion slots; with [`BODY_LIMIT`] this bounds the bodies held to 4 x 16 MiB, so
+/// that the worst case of a flood (docs/security.md) stays under the manifests' 256 Mi.
+pub const MAX_BODIES_IN_FLIGHT: usize = 4;
 
 /// Reviews converted at once per replica (the CPU work, off the runtime's workers); a body
 /// that has been read waits for a slot. Each holds its body, its answer (about the body's

@@ -5,7 +5,7 @@
 //! Any pod that can reach port 9443 can send it anything, so every request is bounded (see
 //! `limits`): HTTP/1.1 only (the apiserver calls webhooks over HTTP/1.1, so HTTP/2 and its
 //! stream floods are not offered), headers within 5 s, a declared body above 16 MiB refused
-//! at once and an undeclared one cut off there, eight bodies read and two reviews converted
+//! at once and an undeclared one cut off there, four bodies read and two reviews converted
 //! at a time, 10 s from headers to answer, and the review itself answered object by object (`review`).
 
 use axum::Router;
