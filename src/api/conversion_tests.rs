@@ -4,7 +4,9 @@ use super::*;
 use crate::api::rollout::{
     Analysis, CanaryStep, CanaryStrategy, MetricCheck, RollingStrategy, Strategy as Rollout, StrategyType,
 };
-use crate::api::tenant::{NonNegativeQuantity, Subject, SubjectKind, TenantQuota};
+use crate::api::tenant::{
+    NonNegativeQuantity, PrometheusIsolation, Subject, SubjectKind, TenantPrometheus, TenantQuota,
+};
 use crate::api::v1alpha1;
 use crate::api::{Autoscaling, NamespaceRemovalPolicy};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -155,9 +157,20 @@ fn quota() -> impl Strategy<Value = TenantQuota> {
         .prop_map(|hard| TenantQuota { hard })
 }
 
+/// Prometheus endpoints a Tenant lists: the same type in both versions, carried as is.
+fn prometheus_endpoints() -> impl Strategy<Value = Vec<TenantPrometheus>> {
+    vec(
+        ("https?://[a-z]{1,8}(:[0-9]{2,4})?", any::<bool>()).prop_map(|(url, dedicated)| TenantPrometheus {
+            url,
+            isolation: if dedicated { PrometheusIsolation::Dedicated } else { PrometheusIsolation::Shared },
+        }),
+        0..3,
+    )
+}
+
 fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
-    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>()).prop_map(
-        |(namespaces, admins, quota, delete)| v1beta1::TenantSpec {
+    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>(), prometheus_endpoints()).prop_map(
+        |(namespaces, admins, quota, delete, prometheus_endpoints)| v1beta1::TenantSpec {
             namespaces,
             admins,
             quota,
@@ -166,17 +179,19 @@ fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
             } else {
                 NamespaceRemovalPolicy::Retain
             },
+            prometheus_endpoints,
         },
     )
 }
 
 fn alpha_tenant() -> impl Strategy<Value = v1alpha1::TenantSpec> {
-    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>()).prop_map(
-        |(namespaces, admins, quota, delete_namespaces_on_removal)| v1alpha1::TenantSpec {
+    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>(), prometheus_endpoints()).prop_map(
+        |(namespaces, admins, quota, delete_namespaces_on_removal, prometheus_endpoints)| v1alpha1::TenantSpec {
             namespaces,
             admins,
             quota,
             delete_namespaces_on_removal,
+            prometheus_endpoints,
         },
     )
 }

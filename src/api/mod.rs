@@ -19,6 +19,7 @@ pub use rollout::{
     MetricCheck, RollingStrategy, RolloutProgress, RolloutRecord, RolloutResult, Strategy, StrategyType,
 };
 pub use tenant::{NamespaceState, NamespaceStatus, Subject, SubjectKind, TenantQuota, TenantStatus};
+pub use tenant::{PrometheusIsolation, TenantPrometheus};
 pub use v1beta1::{App, AppSpec, NamespaceRemovalPolicy, RolloutSpec, Tenant, TenantSpec};
 
 /// API group of every Flotilla resource.

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{AppStatus, Autoscaling};
 use super::rollout::{Analysis, Strategy};
-use super::tenant::{Subject, TenantQuota, TenantStatus};
+use super::tenant::{Subject, TenantPrometheus, TenantQuota, TenantStatus};
 
 /// Desired state of an application managed by Flotilla.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -119,4 +119,11 @@ pub struct TenantSpec {
     /// and their workloads stay, only Flotilla's access is removed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub delete_namespaces_on_removal: bool,
+
+    /// Prometheus endpoints (besides the operator's `--prometheus-url`) that this tenant's Apps
+    /// may name in `spec.rollout.analysis.prometheusUrl`; any other address is refused and never
+    /// fetched. Set by the platform admin, like the rest of the Tenant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub prometheus_endpoints: Vec<TenantPrometheus>,
 }

@@ -301,6 +301,7 @@ mod tests {
                     hard: BTreeMap::from([("pods".to_string(), crate::api::tenant::NonNegativeQuantity("10".into()))]),
                 }),
                 namespace_removal_policy: Default::default(),
+                prometheus_endpoints: Vec::new(),
             },
         );
         t.metadata.generation = Some(2);
