@@ -171,6 +171,10 @@ fn main() -> ExitCode {
                         ..Default::default()
                     },
                     prometheus_url: args.prometheus_url,
+                    analysis_limits: flotilla::rollout::AnalysisLimits {
+                        per_replica: usize::from(args.analysis_concurrency),
+                        per_tenant: usize::from(args.analysis_concurrency_per_tenant),
+                    },
                     webhook: args.conversion_webhook.then(|| flotilla::webhook::WebhookSettings {
                         addr: args.webhook_addr,
                         url: args.webhook_url,

@@ -262,7 +262,7 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     let scope = flotilla::app::controller::Scope::Namespace(ns.name.clone());
     let reporter = kube::runtime::events::Reporter { controller: "flotilla".into(), instance: Some("test".into()) };
     let metrics = flotilla::telemetry::Metrics::new().expect("metrics");
-    let analyzer = flotilla::rollout::Analyzer::new(None).expect("analyzer");
+    let analyzer = flotilla::rollout::Analyzer::new(None, Default::default()).expect("analyzer");
     let shared = flotilla::app::controller::Shared { reporter, metrics, analyzer, slots: None };
     let (ctx, streams) = flotilla::app::controller::context(client.clone(), &scope, shared, None);
     use futures::StreamExt;

@@ -75,6 +75,16 @@ async fn prometheus_scrapes_the_operator_and_every_query_returns_data() {
     )
     .await;
     let prom = prometheus.addr();
+    // The platform lets this tenant's Apps query that Prometheus (queries limited to their namespace).
+    let tenants: Api<flotilla::api::Tenant> = Api::all(client.clone());
+    tenants
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"prometheusEndpoints": [{"url": prometheus.url()}]}})),
+        )
+        .await
+        .expect("listing the Prometheus on the Tenant");
     let apps: Api<App> = Api::namespaced(client.clone(), &ns);
     let canary: App = serde_json::from_value(json!({
         "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "shop", "namespace": ns},

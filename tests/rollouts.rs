@@ -166,7 +166,7 @@ async fn an_invalid_query_degrades_the_app_with_prometheus_message_and_no_hot_lo
     let app = rig.wait_phase("web", AppPhase::Degraded).await;
     let (_, reason, message) = condition(&app, "Progressing");
     assert_eq!(reason, "QueryInvalid");
-    assert!(message.contains("parse error"), "Prometheus' message is shown: {message}");
+    assert!(message.contains("parse error"), "the parser's message is shown: {message}");
     let invalid = |text: String| {
         text.lines()
             .find(|l| l.starts_with("flotilla_analysis_measurements_total{result=\"invalid\"}"))

@@ -5,7 +5,8 @@ use crate::api::rollout::{
     Analysis, CanaryStep, CanaryStrategy, MetricCheck, RollingStrategy, Strategy as Rollout, StrategyType,
 };
 use crate::api::tenant::{
-    EnforceLevel, NonNegativeQuantity, PodSecurity, PodSecurityLevel, Subject, SubjectKind, TenantQuota,
+    EnforceLevel, NonNegativeQuantity, PodSecurity, PodSecurityLevel, PrometheusIsolation, Subject, SubjectKind,
+    TenantPrometheus, TenantQuota,
 };
 use crate::api::v1alpha1;
 use crate::api::{Autoscaling, NamespaceRemovalPolicy};
@@ -170,9 +171,27 @@ fn pod_security() -> impl Strategy<Value = PodSecurity> {
         .prop_map(|(enforce, warn, audit)| PodSecurity { enforce, warn, audit })
 }
 
+/// Prometheus endpoints a Tenant lists: the same type in both versions, carried as is.
+fn prometheus_endpoints() -> impl Strategy<Value = Vec<TenantPrometheus>> {
+    vec(
+        ("https?://[a-z]{1,8}(:[0-9]{2,4})?", any::<bool>()).prop_map(|(url, dedicated)| TenantPrometheus {
+            url,
+            isolation: if dedicated { PrometheusIsolation::Dedicated } else { PrometheusIsolation::Shared },
+        }),
+        0..3,
+    )
+}
+
 fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
-    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>(), of(pod_security())).prop_map(
-        |(namespaces, admins, quota, delete, pod_security)| v1beta1::TenantSpec {
+    (
+        vec("[a-z]{1,8}", 0..4),
+        vec(subject(), 0..3),
+        of(quota()),
+        any::<bool>(),
+        of(pod_security()),
+        prometheus_endpoints(),
+    )
+        .prop_map(|(namespaces, admins, quota, delete, pod_security, prometheus_endpoints)| v1beta1::TenantSpec {
             namespaces,
             admins,
             quota,
@@ -182,20 +201,31 @@ fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
                 NamespaceRemovalPolicy::Retain
             },
             pod_security,
-        },
-    )
+            prometheus_endpoints,
+        })
 }
 
 fn alpha_tenant() -> impl Strategy<Value = v1alpha1::TenantSpec> {
-    (vec("[a-z]{1,8}", 0..4), vec(subject(), 0..3), of(quota()), any::<bool>(), of(pod_security())).prop_map(
-        |(namespaces, admins, quota, delete_namespaces_on_removal, pod_security)| v1alpha1::TenantSpec {
-            namespaces,
-            admins,
-            quota,
-            delete_namespaces_on_removal,
-            pod_security,
-        },
+    (
+        vec("[a-z]{1,8}", 0..4),
+        vec(subject(), 0..3),
+        of(quota()),
+        any::<bool>(),
+        of(pod_security()),
+        prometheus_endpoints(),
     )
+        .prop_map(
+            |(namespaces, admins, quota, delete_namespaces_on_removal, pod_security, prometheus_endpoints)| {
+                v1alpha1::TenantSpec {
+                    namespaces,
+                    admins,
+                    quota,
+                    delete_namespaces_on_removal,
+                    pod_security,
+                    prometheus_endpoints,
+                }
+            },
+        )
 }
 
 /// A whole object as the apiserver sends it, with a status the conversion must not touch.

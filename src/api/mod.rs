@@ -22,6 +22,7 @@ pub use tenant::{
     EnforceLevel, NamespaceState, NamespaceStatus, PodSecurity, PodSecurityLevel, Subject, SubjectKind, TenantQuota,
     TenantStatus,
 };
+pub use tenant::{PrometheusIsolation, TenantPrometheus};
 pub use v1beta1::{App, AppSpec, NamespaceRemovalPolicy, RolloutSpec, Tenant, TenantSpec};
 
 /// API group of every Flotilla resource.

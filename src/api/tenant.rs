@@ -171,3 +171,30 @@ pub enum NamespaceState {
     /// Removed from the tenant: Flotilla's access was withdrawn, workloads were left in place.
     Offboarded,
 }
+
+/// A Prometheus the tenant's Apps may query for rollout analysis (listed by the platform).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantPrometheus {
+    /// The query API's base URL, for example `http://prometheus.monitoring:9090`: an App's
+    /// `spec.rollout.analysis.prometheusUrl` must be exactly this (a trailing `/` aside).
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$')").message("must be an http:// or https:// URL").reason(kube::core::Reason::FieldValueInvalid))]
+    #[schemars(length(max = 512))]
+    pub url: String,
+    /// `Shared` (default): it holds other tenants' series too, so every selector of a query is
+    /// limited to the App's namespace. `Dedicated`: it holds only this tenant's series; queries
+    /// are sent as written.
+    #[serde(default)]
+    #[schemars(extend("default" = "Shared"))]
+    pub isolation: PrometheusIsolation,
+}
+
+/// Whose series a Prometheus holds.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrometheusIsolation {
+    /// Several tenants' series: queries are limited to the App's namespace.
+    #[default]
+    Shared,
+    /// Only this tenant's series: queries are sent as written.
+    Dedicated,
+}

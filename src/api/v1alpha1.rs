@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{AppStatus, Autoscaling};
 use super::rollout::{Analysis, Strategy};
-use super::tenant::{PodSecurity, Subject, TenantQuota, TenantStatus};
+use super::tenant::{PodSecurity, Subject, TenantPrometheus, TenantQuota, TenantStatus};
 
 /// Desired state of an application managed by Flotilla.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -125,4 +125,11 @@ pub struct TenantSpec {
     /// `warn: restricted`, `audit: restricted`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security: Option<PodSecurity>,
+
+    /// Prometheus endpoints (besides the operator's `--prometheus-url`) that this tenant's Apps
+    /// may name in `spec.rollout.analysis.prometheusUrl`; any other address is refused and never
+    /// fetched. Set by the platform admin, like the rest of the Tenant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub prometheus_endpoints: Vec<TenantPrometheus>,
 }

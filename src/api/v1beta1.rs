@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::app::{AppStatus, Autoscaling};
 use super::rollout::{Analysis, Strategy};
-use super::tenant::{PodSecurity, Subject, TenantQuota, TenantStatus};
+use super::tenant::{PodSecurity, Subject, TenantPrometheus, TenantQuota, TenantStatus};
 use crate::rollout::duration::{self, DurationError};
 
 /// Progress deadline of an App that sets none.
@@ -199,6 +199,13 @@ pub struct TenantSpec {
     /// `warn: restricted`, `audit: restricted`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security: Option<PodSecurity>,
+
+    /// Prometheus endpoints (besides the operator's `--prometheus-url`) that this tenant's Apps
+    /// may name in `spec.rollout.analysis.prometheusUrl`; any other address is refused and never
+    /// fetched. Set by the platform admin, like the rest of the Tenant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub prometheus_endpoints: Vec<TenantPrometheus>,
 }
 
 /// What happens to a namespace a tenant gives up.

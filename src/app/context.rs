@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use crate::api::AppStatus;
 use tokio::sync::watch;
 
-use crate::rollout::Analyzer;
+use crate::api::Tenant;
+use crate::rollout::endpoints::Refusal;
+use crate::rollout::{Analyzer, Asker, Run};
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 
@@ -46,6 +48,8 @@ pub struct Context {
     pub fence: Option<Fence>,
     /// The tenant whose namespace this controller serves (for spans and logs).
     pub tenant: Option<String>,
+    /// The Tenants as this replica sees them: which Prometheus endpoints the tenant may use.
+    pub tenants: Option<Store<Tenant>>,
     /// Slots shared by the reconciles of every served namespace (see `reconcile`).
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
     failures: Mutex<HashMap<(String, String), u32>>,
@@ -87,6 +91,7 @@ impl Context {
             synced,
             fence: None,
             tenant: None,
+            tenants: None,
             slots: None,
             failures: Mutex::default(),
             written: Mutex::default(),
@@ -161,6 +166,39 @@ impl Context {
             applied.remove(&key);
         }
         behind
+    }
+
+    /// Takes one analysis run of `app`, with the Prometheus endpoints its Tenant allows (none
+    /// without a Tenant that has this namespace onboarded: then only the operator's default).
+    pub async fn measure(&self, app: &crate::api::App, stable_version: &str) -> Run {
+        let namespace = app.metadata.namespace.as_deref().unwrap_or_default();
+        let tenant = self.tenant_of(namespace);
+        let endpoints = tenant.as_ref().map(|t| t.spec.prometheus_endpoints.as_slice()).unwrap_or_default();
+        let key = self.tenant.as_deref().unwrap_or(namespace);
+        self.analyzer.measure(app, stable_version, Asker { key, endpoints }, &self.metrics).await
+    }
+
+    /// Why `app` may not use the Prometheus it names, if it may not (nothing is fetched).
+    pub fn analysis_refusal(&self, app: &crate::api::App) -> Option<Refusal> {
+        let tenant = self.tenant_of(app.metadata.namespace.as_deref().unwrap_or_default());
+        self.analyzer.refusal(app, tenant.as_ref().map(|t| t.spec.prometheus_endpoints.as_slice()).unwrap_or_default())
+    }
+
+    /// The Tenant of this controller, when it has `namespace` onboarded.
+    fn tenant_of(&self, namespace: &str) -> Option<Arc<Tenant>> {
+        self.tenant
+            .as_ref()
+            .zip(self.tenants.as_ref())
+            .and_then(|(name, store)| store.get(&kube::runtime::reflector::ObjectRef::new(name)))
+            .filter(|t| crate::tenancy::served::served_namespaces([&**t]).contains_key(namespace))
+    }
+
+    /// A reconcile slot (see `reconcile`), when slots are bounded.
+    pub async fn slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        match &self.slots {
+            Some(slots) => slots.clone().acquire_owned().await.ok(),
+            None => None,
+        }
     }
 
     pub fn reset_failures(&self, obj: &DynamicObject) {

@@ -30,6 +30,8 @@ use crate::watch_cache::cache;
 pub struct ServedBy {
     pub fence: Fence,
     pub tenant: Option<String>,
+    /// The Tenants' cache (the Prometheus endpoints a tenant may use are read there).
+    pub tenants: Option<kube::runtime::reflector::Store<crate::api::Tenant>>,
 }
 
 /// Which namespaces this replica serves.
@@ -95,6 +97,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     if let Some(s) = served_by {
         ctx.fence = Some(s.fence);
         ctx.tenant = s.tenant;
+        ctx.tenants = s.tenants;
     }
     let ctx = Arc::new(ctx);
     let streams = ManagedStreams {

@@ -54,12 +54,9 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
     // A replica that starts serving hundreds of namespaces has thousands of Apps to look at;
     // all in flight at once, each would hold its parsed App and desired objects while waiting
     // for the apiserver. They take turns in a few slots instead.
-    let _slot = match &ctx.slots {
-        Some(slots) => slots.clone().acquire_owned().await.ok(),
-        None => None,
-    };
+    let mut slot = ctx.slot().await;
     let started = Instant::now();
-    let result = reconcile_app(&obj, &ctx).await;
+    let result = reconcile_app(&obj, &ctx, &mut slot).await;
     ctx.metrics.reconciled(CONTROLLER, started.elapsed(), result.as_ref().err().map(ReconcileError::kind));
     span.record("result", if result.is_ok() { "ok" } else { "error" });
     if result.is_ok() {
@@ -79,7 +76,11 @@ pub fn error_policy(obj: Arc<DynamicObject>, err: &ReconcileError, ctx: Arc<Cont
     }
 }
 
-async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, ReconcileError> {
+async fn reconcile_app(
+    obj: &DynamicObject,
+    ctx: &Context,
+    slot: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Result<Action, ReconcileError> {
     let namespace = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
     let app: App = match serde_json::to_value(obj).and_then(serde_json::from_value) {
@@ -137,7 +138,10 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     if plan.analysis_due {
         // The plan's stable version: recovered from the running Deployment when status lost it.
         let stable_version = plan.status.current_version.clone().unwrap_or_default();
-        measurements = ctx.analyzer.measure(&app, &stable_version, &ctx.metrics).await;
+        // A run can wait up to the query timeout: it takes analysis turns, not a reconcile slot.
+        drop(slot.take());
+        measurements = ctx.measure(&app, &stable_version).await.measurements;
+        *slot = ctx.slot().await;
         plan = planner::plan(&Input { measurements: Some(&measurements), ..input }).map_err(invalid)?;
     }
 
@@ -236,11 +240,14 @@ async fn reconcile_app(obj: &DynamicObject, ctx: &Context) -> Result<Action, Rec
     }
 
     // Status: what the plan says, or why it could not be carried out.
-    let status = match &failure {
-        Some(e) => {
+    let refusal =
+        ctx.analysis_refusal(&app).map(|r| Blocker { reason: r.reason().to_string(), message: r.to_string() });
+    let status = match (&failure, &refusal) {
+        (Some(e), _) => {
             degraded(&plan.status, &previous, &Blocker { reason: e.reason().to_string(), message: e.to_string() }, now)
         }
-        None => plan.status.clone(),
+        (None, Some(refused)) => degraded(&plan.status, &previous, refused, now),
+        (None, None) => plan.status.clone(),
     };
     if stored.as_ref() != Some(&status) {
         if !ctx.may_write(&namespace) {

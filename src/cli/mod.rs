@@ -135,9 +135,18 @@ pub struct RunArgs {
     #[arg(long, env = "FLOTILLA_LOG_JSON")]
     pub log_json: bool,
     /// Prometheus (any Prometheus-compatible query API) for Apps whose analysis names none,
-    /// for example http://prometheus.monitoring:9090.
+    /// for example http://prometheus.monitoring:9090. Every tenant may use it, and every
+    /// selector of their queries is limited to the App's namespace there. Other endpoints are
+    /// allowed per Tenant (`spec.prometheusEndpoints`); Apps naming anything else are refused.
     #[arg(long, env = "FLOTILLA_PROMETHEUS_URL")]
     pub prometheus_url: Option<String>,
+    /// Analysis runs (one per App, its checks concurrently) in flight at once on this replica.
+    #[arg(long, env = "FLOTILLA_ANALYSIS_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub analysis_concurrency: u16,
+    /// Analysis runs of one tenant in flight at once on this replica: a tenant whose Prometheus
+    /// hangs waits in its own line.
+    #[arg(long, env = "FLOTILLA_ANALYSIS_CONCURRENCY_PER_TENANT", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    pub analysis_concurrency_per_tenant: u16,
     /// Serve the conversion webhook of the CRDs (every replica does; turn it off only where
     /// another installation of Flotilla serves it).
     #[arg(long, env = "FLOTILLA_CONVERSION_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]

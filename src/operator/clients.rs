@@ -36,8 +36,8 @@ use tower_http::trace::TraceLayer;
 use tracing::Span;
 
 use super::fault::AbortAfterWrites;
-use crate::sharding::stuck::Progress;
 use super::wire_fence::WireFenceLayer;
+use crate::sharding::stuck::Progress;
 
 /// Pings on an otherwise quiet connection, so that a dead peer (a restarted apiserver, a
 /// dropped NAT entry) is noticed within `KEEP_ALIVE + KEEP_ALIVE_TIMEOUT`, not at the next

@@ -19,7 +19,7 @@ use tracing::info;
 use wire_fence::WireFenceLayer;
 
 use crate::app::controller::{Scope, Shared, app_controller};
-use crate::rollout::Analyzer;
+use crate::rollout::{AnalysisLimits, Analyzer};
 use crate::sharding::fence::Fence;
 use crate::sharding::leases::Leases;
 use crate::sharding::manager::{ShardChannels, ShardSettings, run_shard_manager};
@@ -46,6 +46,8 @@ pub struct Settings {
     pub sharding: ShardSettings,
     /// Prometheus queried by Apps whose analysis names none.
     pub prometheus_url: Option<String>,
+    /// Analysis runs in flight at once, per replica and per tenant.
+    pub analysis_limits: AnalysisLimits,
     /// The conversion webhook this replica serves (`None`: none, for command-line clients).
     pub webhook: Option<WebhookSettings>,
     /// HTTP/2 (multiplexed) or HTTP/1.1 to the apiserver.
@@ -102,6 +104,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         protection: Default::default(),
         sharding: ShardSettings::default(),
         prometheus_url: None,
+        analysis_limits: AnalysisLimits::default(),
         webhook: None,
         protocol: Protocol::Http1,
         namespaces_per_connection: 1,
@@ -200,7 +203,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     let shared = Shared {
         reporter: reporter.clone(),
         metrics: metrics.clone(),
-        analyzer: Analyzer::new(settings.prometheus_url.clone())?,
+        analyzer: Analyzer::new(settings.prometheus_url.clone(), settings.analysis_limits)?,
         // Twice the requests in flight: a reconcile sends its requests one after the other.
         slots: Some(Arc::new(tokio::sync::Semaphore::new(settings.max_requests_in_flight.max(1) * 2))),
     };

@@ -1,50 +1,140 @@
-//! Taking one analysis run for an App: render every check's query, run them against the
-//! App's Prometheus (concurrently, each with a timeout) and judge the answers.
+//! Taking one analysis run for an App: choose the Prometheus the platform allows it, render
+//! every check's query and limit it to the App's namespace on a shared Prometheus, run them
+//! (concurrently, each with a timeout) and judge the answers.
+//!
+//! Runs take turns: at most `AnalysisLimits::per_tenant` runs of one tenant and
+//! `AnalysisLimits::per_replica` runs in all are in flight at once, so a tenant whose
+//! Prometheus hangs holds only its own turns (the reconciler releases its reconcile slot while
+//! it waits here, see `app::reconcile`).
 
 use futures::future::join_all;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::analysis::{QueryOutcome, TemplateValues, judge, render};
+use super::endpoints::{Endpoint, Refusal, choose};
 use super::prometheus::{ClientError, PrometheusClient};
-use crate::api::{App, Measurement, MeasurementResult};
+use super::scope::{ScopeError, scope_to_namespace};
+use crate::api::{App, Measurement, MeasurementResult, TenantPrometheus};
 use crate::telemetry::Metrics;
 
-/// The operator's way to measure: one HTTP client, and the Prometheus used when an App
-/// names none.
+/// How many analysis runs may be in flight at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnalysisLimits {
+    pub per_replica: usize,
+    pub per_tenant: usize,
+}
+
+impl Default for AnalysisLimits {
+    fn default() -> Self {
+        Self { per_replica: 32, per_tenant: 8 }
+    }
+}
+
+/// The operator's way to measure: one HTTP client, the Prometheus used when an App names
+/// none, and the turns runs take.
 #[derive(Clone, Debug)]
 pub struct Analyzer {
     client: PrometheusClient,
     default_url: Option<String>,
+    limits: AnalysisLimits,
+    replica: Arc<Semaphore>,
+    tenants: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
+}
+
+/// Who asks: the tenant whose turns a run takes, and the endpoints its Tenant lists.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Asker<'a> {
+    /// The tenant's name (or, without tenancy, the namespace).
+    pub key: &'a str,
+    pub endpoints: &'a [TenantPrometheus],
+}
+
+/// One run: a measurement per check, and the refusal when the App may not use the
+/// Prometheus it names (then nothing was fetched).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Run {
+    pub measurements: Vec<Measurement>,
+    pub refusal: Option<Refusal>,
 }
 
 impl Analyzer {
-    pub fn new(default_url: Option<String>) -> Result<Self, ClientError> {
-        Ok(Self { client: PrometheusClient::new()?, default_url: default_url.filter(|u| !u.trim().is_empty()) })
+    pub fn new(default_url: Option<String>, limits: AnalysisLimits) -> Result<Self, ClientError> {
+        let limits = AnalysisLimits { per_replica: limits.per_replica.max(1), per_tenant: limits.per_tenant.max(1) };
+        Ok(Self {
+            client: PrometheusClient::new()?,
+            default_url: default_url.filter(|u| !u.trim().is_empty()),
+            limits,
+            replica: Arc::new(Semaphore::new(limits.per_replica)),
+            tenants: Arc::default(),
+        })
+    }
+
+    /// Waits for a turn of `tenant`, then one of the replica.
+    async fn turn(&self, tenant: &str) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let own = {
+            let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+            // Tenants with no run in flight or waiting are forgotten.
+            tenants.retain(|_, s| Arc::strong_count(s) > 1);
+            tenants
+                .entry(tenant.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.limits.per_tenant)))
+                .clone()
+        };
+        let own = own.acquire_owned().await.ok()?;
+        let all = self.replica.clone().acquire_owned().await.ok()?;
+        Some((own, all))
+    }
+
+    /// Why `app` may not use the Prometheus it names (`None` when it may, or has no analysis).
+    pub fn refusal(&self, app: &App, endpoints: &[TenantPrometheus]) -> Option<Refusal> {
+        let analysis = app.spec.analysis()?;
+        choose(analysis.prometheus_url.as_deref(), self.default_url.as_deref(), endpoints).err()
     }
 
     /// Runs every check of `app` once. Never fails: what cannot be measured is an
     /// inconclusive (or invalid) measurement, which never lets a rollout advance.
     #[tracing::instrument(skip_all, fields(namespace = app.metadata.namespace.as_deref().unwrap_or_default(), app = app.metadata.name.as_deref().unwrap_or_default()))]
-    pub async fn measure(&self, app: &App, stable_version: &str, metrics: &Metrics) -> Vec<Measurement> {
+    pub async fn measure(&self, app: &App, stable_version: &str, asker: Asker<'_>, metrics: &Metrics) -> Run {
         let Some(analysis) = app.spec.analysis() else {
-            return Vec::new();
+            return Run::default();
         };
-        let url = analysis.prometheus_url.clone().or_else(|| self.default_url.clone());
+        let namespace = app.metadata.namespace.as_deref().unwrap_or_default();
+        let endpoint = choose(analysis.prometheus_url.as_deref(), self.default_url.as_deref(), asker.endpoints);
         let values = TemplateValues {
             app: app.metadata.name.as_deref().unwrap_or_default(),
-            namespace: app.metadata.namespace.as_deref().unwrap_or_default(),
+            namespace,
             version: &app.spec.version,
             stable_version,
         };
-        let runs = analysis.metrics.iter().map(|check| {
-            let url = url.clone();
-            let query = render(&check.query, &values);
+        // Each check's query as it will be sent, or the outcome it has without asking.
+        let prepared: Vec<Result<String, QueryOutcome>> = analysis
+            .metrics
+            .iter()
+            .map(|check| {
+                let query = render(&check.query, &values);
+                match &endpoint {
+                    Err(refusal) => Err(QueryOutcome::Invalid(refusal.to_string())),
+                    Ok(Endpoint { scoped: false, .. }) => Ok(query),
+                    Ok(Endpoint { scoped: true, .. }) => scope_to_namespace(&query, namespace).map_err(|e| match e {
+                        ScopeError::ForeignNamespace { .. } => QueryOutcome::Inconclusive(e.to_string()),
+                        ScopeError::Parse { .. } | ScopeError::Unscoped { .. } => QueryOutcome::Invalid(e.to_string()),
+                    }),
+                }
+            })
+            .collect();
+        let _turn = match (&endpoint, prepared.iter().any(Result::is_ok)) {
+            (Ok(_), true) => self.turn(asker.key).await,
+            _ => None,
+        };
+        let runs = analysis.metrics.iter().zip(prepared).map(|(check, prepared)| {
+            let endpoint = endpoint.as_ref().ok();
             async move {
-                let outcome = match url {
-                    Some(url) => self.client.query(&url, &query).await,
-                    None => QueryOutcome::Invalid(
-                        "no Prometheus to ask: set spec.rollout.analysis.prometheusUrl or start the operator with --prometheus-url"
-                            .into(),
-                    ),
+                let outcome = match (prepared, endpoint) {
+                    (Ok(query), Some(endpoint)) => self.client.query(&endpoint.url, &query).await,
+                    (Err(outcome), _) => outcome,
+                    (Ok(_), None) => QueryOutcome::Invalid("no Prometheus to ask".into()),
                 };
                 judge(check, &outcome)
             }
@@ -58,6 +148,24 @@ impl Analyzer {
                 MeasurementResult::Invalid => "invalid",
             });
         }
-        measurements
+        Run { measurements, refusal: endpoint.err() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A tenant that used up its turns (its Prometheus hangs) leaves the others theirs.
+    #[tokio::test]
+    async fn one_tenant_cannot_take_another_tenants_turns() {
+        let a = Analyzer::new(None, AnalysisLimits { per_replica: 4, per_tenant: 2 }).expect("analyzer");
+        let held = [a.turn("greedy").await, a.turn("greedy").await];
+        assert!(held.iter().all(Option::is_some));
+        let third = tokio::time::timeout(Duration::from_millis(100), a.turn("greedy")).await;
+        assert!(third.is_err(), "a third run of the same tenant waits");
+        let other = tokio::time::timeout(Duration::from_millis(100), a.turn("quiet")).await;
+        assert!(other.is_ok_and(|t| t.is_some()), "another tenant gets a turn at once");
     }
 }

@@ -3,9 +3,11 @@
 
 pub mod analysis;
 pub mod duration;
+pub mod endpoints;
 pub mod measure;
 pub mod planner;
 pub mod prometheus;
 pub mod replicas;
+pub mod scope;
 
-pub use measure::Analyzer;
+pub use measure::{AnalysisLimits, Analyzer, Asker, Run};

@@ -2,14 +2,28 @@
 //! with a timeout, and every way of not getting a single clean value turned into an
 //! inconclusive (or, for a rejected query, invalid) outcome. It never returns a pass by
 //! default.
+//!
+//! The endpoint is chosen by the platform (see `endpoints`), but what answers there is still
+//! not trusted: redirects are never followed, an answer is read only up to `MAX_ANSWER_BYTES`
+//! (the cap is enforced while reading), and what is copied into an App's status (which its
+//! tenant reads) is short and never a raw body: an answer that is not a Prometheus JSON answer
+//! is described by its status code, content type and size only.
 
 use serde::Deserialize;
 use std::time::Duration;
 
 use super::analysis::QueryOutcome;
 
-/// How long one query may take before it counts as inconclusive.
+/// How long one query may take before it counts as inconclusive (connecting, waiting and
+/// reading the answer, all together).
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest answer read. An instant query that returns one series is a few hundred bytes;
+/// 1 MiB leaves room for labels without letting a server run a replica out of memory.
+pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+
+/// Longest text taken from a Prometheus answer (its `error` field) into a message.
+pub const MAX_MESSAGE_CHARS: usize = 300;
 
 /// Reaches any Prometheus-compatible API (`/api/v1/query`).
 #[derive(Clone, Debug)]
@@ -40,6 +54,15 @@ struct Data {
     result: serde_json::Value,
 }
 
+/// What came back over HTTP, before it is read as a Prometheus answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub code: u16,
+    /// The media type (`application/json`), cleaned for display.
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
 impl PrometheusClient {
     pub fn new() -> Result<Self, ClientError> {
         // reqwest is built without a bundled crypto provider; use ring, like the kube client.
@@ -47,31 +70,115 @@ impl PrometheusClient {
         let http = reqwest::Client::builder()
             .timeout(QUERY_TIMEOUT)
             .connect_timeout(Duration::from_secs(3))
+            // A redirect would let an allowed endpoint send the operator anywhere (the cloud
+            // metadata address, the apiserver): never followed, reported as an answer.
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("flotilla/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self { http })
     }
 
     /// Runs one instant query against `base` (for example `http://127.0.0.1:9090`).
-    #[tracing::instrument(skip(self), fields(prometheus = base))]
+    #[tracing::instrument(skip(self, base), fields(prometheus = %shown(base)))]
     pub async fn query(&self, base: &str, promql: &str) -> QueryOutcome {
+        let shown = shown(base);
         let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
-        let response = match self.http.get(&url).query(&[("query", promql)]).send().await {
+        let mut response = match self.http.get(&url).query(&[("query", promql)]).send().await {
             Ok(r) => r,
             Err(e) if e.is_timeout() => {
                 return QueryOutcome::Inconclusive(format!(
-                    "Prometheus at {base} did not answer within {QUERY_TIMEOUT:?}"
+                    "Prometheus at {shown} did not answer within {QUERY_TIMEOUT:?}"
                 ));
             }
-            Err(e) => return QueryOutcome::Inconclusive(format!("Prometheus at {base} is unreachable: {}", chain(&e))),
+            Err(e) => {
+                return QueryOutcome::Inconclusive(short(&format!(
+                    "Prometheus at {shown} is unreachable: {}",
+                    chain(&e.without_url())
+                )));
+            }
         };
-        let code = response.status();
-        let body = match response.text().await {
-            Ok(b) => b,
-            Err(e) => return QueryOutcome::Inconclusive(format!("reading Prometheus' answer: {}", chain(&e))),
-        };
-        interpret(code.as_u16(), &body)
+        let code = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(media_type)
+            .unwrap_or_else(|| "no content type".into());
+        if response.content_length().is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
+            return QueryOutcome::Inconclusive(too_large(&shown, code, &content_type));
+        }
+        let mut body = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                        // Dropping the response closes the connection: the rest is never read.
+                        return QueryOutcome::Inconclusive(too_large(&shown, code, &content_type));
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) if e.is_timeout() => {
+                    return QueryOutcome::Inconclusive(format!(
+                        "Prometheus at {shown} did not finish its answer within {QUERY_TIMEOUT:?}"
+                    ));
+                }
+                Err(e) => {
+                    return QueryOutcome::Inconclusive(short(&format!(
+                        "reading the answer of Prometheus at {shown}: {}",
+                        chain(&e.without_url())
+                    )));
+                }
+            }
+        }
+        interpret(&Answer { code, content_type, body })
     }
+}
+
+fn too_large(shown: &str, code: u16, content_type: &str) -> String {
+    format!(
+        "the answer of Prometheus at {shown} is larger than {} KiB (HTTP {code}, {content_type}); it was not read",
+        MAX_ANSWER_BYTES / 1024
+    )
+}
+
+/// An endpoint as shown in messages: scheme, host, port and path, never credentials, query
+/// or fragment.
+pub fn shown(base: &str) -> String {
+    match reqwest::Url::parse(base) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            url.to_string().trim_end_matches('/').to_string()
+        }
+        Err(_) => "(an endpoint that is not a URL)".into(),
+    }
+}
+
+/// The media type of a Content-Type header, without parameters, in characters a media type
+/// may have (at most 64).
+fn media_type(header: &str) -> String {
+    let kind: String = header
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "/.+-_".contains(*c))
+        .take(64)
+        .collect();
+    if kind.is_empty() { "no content type".into() } else { kind.to_ascii_lowercase() }
+}
+
+/// At most `MAX_MESSAGE_CHARS` characters of `text`, control characters replaced by spaces.
+pub fn short(text: &str) -> String {
+    let mut out: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).take(MAX_MESSAGE_CHARS).collect();
+    if text.chars().count() > MAX_MESSAGE_CHARS {
+        out.push_str("...");
+    }
+    out
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -85,21 +192,28 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// Reads Prometheus' answer. Pure, so that every shape of answer is tested.
-pub fn interpret(code: u16, body: &str) -> QueryOutcome {
-    let parsed: Response = match serde_json::from_str(body) {
+/// Reads Prometheus' answer. Pure, so that every shape of answer is tested. Text of the
+/// answer reaches the outcome only from the `error` field of a Prometheus JSON answer, cut
+/// short; anything else is described by its status code, content type and size.
+pub fn interpret(answer: &Answer) -> QueryOutcome {
+    let Answer { code, content_type, body } = answer;
+    let not_prometheus = || {
+        let what = if (300..400).contains(code) { ", a redirect, which is not followed" } else { "" };
+        QueryOutcome::Inconclusive(format!(
+            "not a Prometheus API response (HTTP {code}, {content_type}, {} bytes{what})",
+            body.len()
+        ))
+    };
+    let parsed: Response = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(_) => {
-            let mut snippet: String = body.chars().take(200).collect();
-            if snippet.is_empty() {
-                snippet = "(empty body)".into();
-            }
-            return QueryOutcome::Inconclusive(format!("HTTP {code} from Prometheus, not a query answer: {snippet}"));
-        }
+        Err(_) => return not_prometheus(),
     };
     if parsed.status != "success" {
-        let kind = parsed.error_type.unwrap_or_default();
-        let message = parsed.error.unwrap_or_else(|| "no message".into());
+        if parsed.status != "error" {
+            return not_prometheus();
+        }
+        let kind = short(&parsed.error_type.unwrap_or_default());
+        let message = short(&parsed.error.unwrap_or_else(|| "no message".into()));
         return if kind == "bad_data" {
             QueryOutcome::Invalid(format!("Prometheus rejected the query: {message}"))
         } else {
@@ -123,9 +237,16 @@ pub fn interpret(code: u16, body: &str) -> QueryOutcome {
                 }
             }
         }
-        other => {
+        "matrix" | "string" => {
             return QueryOutcome::Invalid(format!(
-                "the query returned a {other}; it must return one instant value (a vector of one series or a scalar)"
+                "the query returned a {}; it must return one instant value (a vector of one series or a scalar)",
+                data.result_type
+            ));
+        }
+        _ => {
+            return QueryOutcome::Inconclusive(format!(
+                "not a Prometheus API response (HTTP {code}, {content_type}, {} bytes: an unknown result type)",
+                body.len()
             ));
         }
     };
@@ -140,6 +261,10 @@ pub fn interpret(code: u16, body: &str) -> QueryOutcome {
 mod tests {
     use super::*;
 
+    fn json(code: u16, body: &str) -> QueryOutcome {
+        interpret(&Answer { code, content_type: "application/json".into(), body: body.as_bytes().to_vec() })
+    }
+
     #[test]
     fn table_of_answers() {
         let one = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,"0.25"]}]}}"#;
@@ -151,17 +276,134 @@ mod tests {
         let bad =
             r#"{"status":"error","errorType":"bad_data","error":"1:5: parse error: unexpected right parenthesis ')'"}"#;
         let timeout = r#"{"status":"error","errorType":"timeout","error":"query timed out"}"#;
-        assert_eq!(interpret(200, one), QueryOutcome::Value(0.25));
-        assert_eq!(interpret(200, scalar), QueryOutcome::Value(3.0));
-        assert!(matches!(interpret(200, none), QueryOutcome::Inconclusive(m) if m.contains("no series")));
-        assert!(matches!(interpret(200, two), QueryOutcome::Inconclusive(m) if m.contains("2 series")));
-        assert!(matches!(interpret(200, nan), QueryOutcome::Value(v) if v.is_nan()));
-        assert!(matches!(interpret(200, matrix), QueryOutcome::Invalid(_)));
-        assert!(matches!(interpret(400, bad), QueryOutcome::Invalid(m) if m.contains("unexpected right parenthesis")));
-        assert!(matches!(interpret(503, timeout), QueryOutcome::Inconclusive(m) if m.contains("timed out")));
+        assert_eq!(json(200, one), QueryOutcome::Value(0.25));
+        assert_eq!(json(200, scalar), QueryOutcome::Value(3.0));
+        assert!(matches!(json(200, none), QueryOutcome::Inconclusive(m) if m.contains("no series")));
+        assert!(matches!(json(200, two), QueryOutcome::Inconclusive(m) if m.contains("2 series")));
+        assert!(matches!(json(200, nan), QueryOutcome::Value(v) if v.is_nan()));
+        assert!(matches!(json(200, matrix), QueryOutcome::Invalid(_)));
+        assert!(matches!(json(400, bad), QueryOutcome::Invalid(m) if m.contains("unexpected right parenthesis")));
+        assert!(matches!(json(503, timeout), QueryOutcome::Inconclusive(m) if m.contains("timed out")));
+        assert!(matches!(json(200, ""), QueryOutcome::Inconclusive(_)));
+    }
+
+    /// Whatever a server that is not Prometheus answers, none of its text reaches the
+    /// message: only the status code, the content type and the size.
+    #[test]
+    fn a_body_that_is_not_a_prometheus_answer_is_never_copied() {
+        let secret = "aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+        let cases: [(u16, &str, String, &str); 6] = [
+            (200, "text/plain", secret.to_string(), "not a Prometheus API response (HTTP 200, text/plain, 62 bytes)"),
+            (502, "text/html", format!("<html>{secret}</html>"), "HTTP 502, text/html"),
+            (302, "text/html", format!("see {secret}"), "a redirect, which is not followed"),
+            (200, "application/json", format!(r#"{{"key":"{secret}"}}"#), "not a Prometheus API response"),
+            (200, "application/json", format!(r#"{{"status":"{secret}"}}"#), "not a Prometheus API response"),
+            (
+                200,
+                "application/json",
+                format!(r#"{{"status":"success","data":{{"resultType":"{secret}","result":[]}}}}"#),
+                "an unknown result type",
+            ),
+        ];
+        for (code, content_type, body, want) in cases {
+            let outcome =
+                interpret(&Answer { code, content_type: content_type.into(), body: body.as_bytes().to_vec() });
+            let message = match &outcome {
+                QueryOutcome::Inconclusive(m) | QueryOutcome::Invalid(m) => m.clone(),
+                QueryOutcome::Value(v) => panic!("{body} gave a value {v}"),
+            };
+            assert!(message.contains(want), "{body}: {message}");
+            assert!(!message.contains("aws_secret"), "{body}: {message}");
+            assert!(!message.contains("EXAMPLEKEY"), "{body}: {message}");
+        }
+    }
+
+    #[test]
+    fn prometheus_error_messages_are_cut_short() {
+        let long = "x".repeat(10_000);
+        let body = format!(r#"{{"status":"error","errorType":"execution","error":"{long}\nnext line"}}"#);
+        let QueryOutcome::Inconclusive(m) = json(422, &body) else { panic!("inconclusive") };
+        assert!(m.len() < MAX_MESSAGE_CHARS + 100, "{} characters", m.len());
+        assert!(!m.contains('\n'));
+    }
+
+    #[test]
+    fn endpoints_are_shown_without_credentials() {
+        assert_eq!(shown("http://user:pw@prometheus.monitoring:9090/"), "http://prometheus.monitoring:9090");
+        assert_eq!(shown("https://thanos.example/prom?token=abc#x"), "https://thanos.example/prom");
+        assert_eq!(media_type("Text/Plain; charset=utf-8"), "text/plain");
+        assert_eq!(media_type("a\u{1b}[31mb"), "a31mb");
+    }
+
+    /// A local server answering every request with `head` and then `body` chunks until the
+    /// client goes away; counts requests and bytes of body sent.
+    async fn serve(
+        head: String,
+        chunk: Option<Vec<u8>>,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (r, s) = (requests.clone(), sent.clone());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (r, s, head, chunk) = (r.clone(), s.clone(), head.clone(), chunk.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let _ = stream.read(&mut buf).await;
+                    r.fetch_add(1, Ordering::SeqCst);
+                    if stream.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    if let Some(chunk) = chunk {
+                        let framed = [format!("{:x}\r\n", chunk.len()).into_bytes(), chunk, b"\r\n".to_vec()].concat();
+                        while stream.write_all(&framed).await.is_ok() {
+                            s.fetch_add(framed.len() as u64, Ordering::SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        (url, requests, sent)
+    }
+
+    /// An endless body is cut while reading, just past 1 MiB: the client never holds more.
+    #[tokio::test]
+    async fn an_endless_body_is_cut_at_the_cap() {
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let (url, _, sent) = serve(head.into(), Some(vec![b'['; 64 * 1024])).await;
+        let client = PrometheusClient::new().expect("client");
+        let started = std::time::Instant::now();
+        let outcome = client.query(&url, "up").await;
+        assert!(matches!(&outcome, QueryOutcome::Inconclusive(m) if m.contains("larger than 1024 KiB")), "{outcome:?}");
+        assert!(started.elapsed() < QUERY_TIMEOUT, "cut while reading, not at the timeout");
+        let sent = sent.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(sent < 16 * 1024 * 1024, "{sent} bytes were sent before the client hung up");
+    }
+
+    #[tokio::test]
+    async fn a_declared_length_over_the_cap_is_not_read() {
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", 1 << 30);
+        let (url, _, _) = serve(head, None).await;
+        let outcome = PrometheusClient::new().expect("client").query(&url, "up").await;
+        assert!(matches!(&outcome, QueryOutcome::Inconclusive(m) if m.contains("larger than")), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn redirects_are_not_followed() {
+        let (target, hits, _) = serve("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".into(), None).await;
+        let head =
+            format!("HTTP/1.1 307 Temporary Redirect\r\nLocation: {target}/api/v1/query\r\nContent-Length: 0\r\n\r\n");
+        let (url, asked, _) = serve(head, None).await;
+        let outcome = PrometheusClient::new().expect("client").query(&url, "up").await;
         assert!(
-            matches!(interpret(502, "<html>bad gateway</html>"), QueryOutcome::Inconclusive(m) if m.contains("HTTP 502"))
+            matches!(&outcome, QueryOutcome::Inconclusive(m) if m.contains("a redirect, which is not followed")),
+            "{outcome:?}"
         );
-        assert!(matches!(interpret(200, ""), QueryOutcome::Inconclusive(_)));
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "the redirect was followed");
     }
 }

@@ -225,6 +225,7 @@ mod tests {
                 }),
                 namespace_removal_policy: Default::default(),
                 pod_security: None,
+                prometheus_endpoints: Vec::new(),
             },
         );
         t.metadata.generation = Some(2);

@@ -5,6 +5,7 @@
 use futures::StreamExt;
 use kube::Client;
 use kube::api::Api;
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -76,6 +77,7 @@ async fn converge_workers(
     clients: &mut NamespaceClients,
     shared: &Shared,
     fence: &Fence,
+    tenants: &Store<Tenant>,
 ) {
     let running: BTreeSet<String> = workers.keys().cloned().collect();
     let (start, stop) = changes(&running, wanted);
@@ -97,7 +99,7 @@ async fn converge_workers(
             clients.for_namespace(&ns),
             Scope::Namespace(ns.clone()),
             shared.clone(),
-            Some(ServedBy { fence: fence.clone(), tenant: owners.get(&ns).cloned() }),
+            Some(ServedBy { fence: fence.clone(), tenant: owners.get(&ns).cloned(), tenants: Some(tenants.clone()) }),
             Arc::new(AtomicBool::new(false)),
             async move {
                 let _ = stop_rx.wait_for(|s| *s).await;
@@ -185,7 +187,7 @@ pub async fn serve_onboarded_namespaces(
         let owners = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
         let wanted: BTreeSet<String> =
             owners.keys().filter(|ns| held.contains(&shard_of(ns, shards))).cloned().collect();
-        converge_workers(&mut workers, &wanted, &owners, &mut namespace_clients, &shared, &fence).await;
+        converge_workers(&mut workers, &wanted, &owners, &mut namespace_clients, &shared, &fence, &tenants).await;
         let working: BTreeSet<u32> = workers.keys().map(|ns| shard_of(ns, shards)).collect();
         working_tx.send_replace(working);
         let onboarded = Arc::new(owners.keys().cloned().collect());
@@ -220,6 +222,7 @@ mod tests {
                 quota: None,
                 namespace_removal_policy: Default::default(),
                 pod_security: None,
+                prometheus_endpoints: Vec::new(),
             },
         );
         t.status = Some(TenantStatus {

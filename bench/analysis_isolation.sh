@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Measures how much one tenant's hanging Prometheus delays another tenant's drift correction,
+# on a private local control plane with one operator replica (its real ServiceAccount token).
+# Prints the figures (never asserted by tests: these machines are noisy).
+#
+#   bash bench/analysis_isolation.sh [APPS] [ROUNDS]     default 200 Apps, 20 rounds
+#   FLOTILLA_BIN=path/to/flotilla bash bench/analysis_isolation.sh   (default: a release build)
+#
+# - tenant "greedy": APPS Apps, each in a canary rollout whose analysis (every 1s) asks a
+#   server that accepts connections and never answers (each query waits for the 10 s timeout);
+# - tenant "quiet": one App; its Deployment is scaled by hand ROUNDS times, and the time until
+#   the operator has put spec.replicas back is taken each time (polled every 50 ms);
+# - the same drift rounds before the greedy rollouts start, as the baseline.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+. "$here/hack/versions.sh"
+cd "$here"
+APPS=${1:-200}
+ROUNDS=${2:-20}
+CLUSTER=flotilla-bench-analysis
+WORK=$(mktemp -d)
+export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
+
+bash hack/prerequisites.sh
+bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
+bash hack/cluster.sh up "$CLUSTER" --disable-qps-limits >/dev/null
+KUBECONFIG=$(bash hack/cluster.sh kubeconfig "$CLUSTER"); export KUBECONFIG
+if [ -z "${FLOTILLA_BIN:-}" ]; then
+  cargo build --locked --release --bin flotilla 2>&1 | tail -1
+  FLOTILLA_BIN=$CARGO_TARGET_DIR/release/flotilla
+fi
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# A server that accepts every connection and never answers.
+HANG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+python3 - "$HANG_PORT" >"$WORK/hang.log" 2>&1 <<'PY' &
+import socket, sys, threading, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4096)
+held = []
+while True:
+    c, _ = s.accept(); held.append(c)
+PY
+PIDS+=($!)
+HANG=http://127.0.0.1:$HANG_PORT
+
+bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
+"$FLOTILLA_BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9590 --webhook-addr 127.0.0.1:0 \
+  --replica-id bench-0 >"$WORK/operator.log" 2>&1 &
+PIDS+=($!)
+until curl -fs 127.0.0.1:9590/readyz >/dev/null 2>&1; do sleep 0.2; done
+
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: flotilla.dev/v1beta1
+kind: Tenant
+metadata: {name: greedy}
+spec:
+  namespaces: [bench-greedy]
+  prometheusEndpoints: [{url: "$HANG"}]
+---
+apiVersion: flotilla.dev/v1beta1
+kind: Tenant
+metadata: {name: quiet}
+spec: {namespaces: [bench-quiet]}
+YAML
+kubectl wait --for=condition=Ready tenant/greedy tenant/quiet --timeout=120s >/dev/null
+kubectl -n bench-quiet apply -f - >/dev/null <<YAML
+apiVersion: flotilla.dev/v1beta1
+kind: App
+metadata: {name: web}
+spec: {image: registry.example.com/bench/web, version: "v1", replicas: 1}
+YAML
+app() { # app NAME VERSION
+  cat <<YAML
+---
+apiVersion: flotilla.dev/v1beta1
+kind: App
+metadata: {name: $1, namespace: bench-greedy}
+spec:
+  image: registry.example.com/bench/$1
+  version: "$2"
+  replicas: 2
+  rollout:
+    strategy: {type: Canary, canary: {steps: [{weight: 50, pause: 1h}]}}
+    analysis:
+      interval: 1s
+      prometheusUrl: "$HANG"
+      metrics: [{name: q, query: 'sum(rate(http_requests_total[1m]))', max: 1}]
+YAML
+}
+for i in $(seq 1 "$APPS"); do app "a$i" v1; done | kubectl apply -f - >/dev/null
+healthy() { [ "$(kubectl -n "$1" get apps -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')" = "$2" ]; }
+until healthy bench-greedy "$APPS" && healthy bench-quiet 1; do sleep 1; done
+
+now() { date +%s.%N; }
+drift_rounds() { # prints one time per round, in seconds
+  for r in $(seq 1 "$ROUNDS"); do
+    kubectl -n bench-quiet scale deployment web --replicas=3 >/dev/null
+    local t0; t0=$(now)
+    until [ "$(kubectl -n bench-quiet get deployment web -o jsonpath='{.spec.replicas}')" = 1 ]; do sleep 0.05; done
+    awk "BEGIN{printf \"%.2f\n\", $(now) - $t0}"
+    sleep 0.5
+  done
+}
+summary() { sort -n | awk '{a[NR]=$1} END{printf "p50 %.2f s, p90 %.2f s, max %.2f s over %d rounds\n", a[int((NR+1)/2)], a[int(NR*0.9+0.5)], a[NR], NR}'; }
+
+echo ">> baseline: drift of tenant quiet corrected, nothing else going on"
+drift_rounds | tee "$WORK/baseline.txt" | summary
+
+echo ">> $APPS Apps of tenant greedy start analysing against a server that never answers"
+for i in $(seq 1 "$APPS"); do app "a$i" v2; done | kubectl apply -f - >/dev/null
+# Every greedy App asks at least once before the rounds start.
+until [ "$(kubectl -n bench-greedy get apps -o jsonpath='{range .items[*]}{.status.canary.step}{"\n"}{end}' | grep -c .)" -ge "$APPS" ]; do sleep 1; done
+sleep 12
+waiting=$(curl -fs 127.0.0.1:9590/metrics | awk '/^flotilla_analysis_measurements_total/ {s+=$2} END{print s+0}')
+echo "   measurements taken so far: $waiting; connections held by the hanging server: $(ss -Htn state established "( sport = :$HANG_PORT )" | wc -l)"
+echo ">> drift of tenant quiet corrected while greedy's analysis hangs"
+drift_rounds | tee "$WORK/loaded.txt" | summary
+echo "   greedy Apps by phase: $(kubectl -n bench-greedy get apps -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | sort | uniq -c | xargs)"

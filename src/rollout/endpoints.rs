@@ -1,0 +1,148 @@
+//! Which Prometheus an App's analysis may ask, and whether its queries are limited to its
+//! namespace there. The platform decides: the operator's `--prometheus-url` (shared by every
+//! tenant, so always limited) and the endpoints a Tenant lists in
+//! `spec.prometheusEndpoints` (limited unless marked `Dedicated`). An App naming any other
+//! address is refused before anything is fetched. Pure: no I/O.
+
+use crate::api::{PrometheusIsolation, TenantPrometheus};
+
+use super::prometheus::shown;
+
+/// Where an App's checks are sent, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The URL as the platform wrote it (never the App's text).
+    pub url: String,
+    /// Every selector gets `namespace="<the App's namespace>"` (a Prometheus shared by tenants).
+    pub scoped: bool,
+}
+
+/// Why an App's analysis may not ask the Prometheus it names.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "spec.rollout.analysis.prometheusUrl: {named} is not a Prometheus this App may use (allowed: {allowed}); nothing was fetched. The platform lists endpoints in the Tenant's spec.prometheusEndpoints"
+    )]
+    NotAllowed { named: String, allowed: String },
+    #[error(
+        "no Prometheus to ask: the operator has no --prometheus-url and spec.rollout.analysis.prometheusUrl is unset (allowed: {allowed})"
+    )]
+    NoneConfigured { allowed: String },
+}
+
+impl Refusal {
+    /// The condition reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::NotAllowed { .. } => "PrometheusNotAllowed",
+            Refusal::NoneConfigured { .. } => "NoPrometheus",
+        }
+    }
+}
+
+/// The form two URLs are compared in: trimmed, without trailing slashes.
+fn normal(url: &str) -> &str {
+    url.trim().trim_end_matches('/')
+}
+
+/// The endpoint for an App that names `named` (its `prometheusUrl`), given the operator's
+/// default and its Tenant's list (empty without a Tenant).
+pub fn choose(named: Option<&str>, default: Option<&str>, tenant: &[TenantPrometheus]) -> Result<Endpoint, Refusal> {
+    let default = default.map(normal).filter(|d| !d.is_empty());
+    let allowed = || {
+        let list: Vec<String> = default.iter().map(|d| shown(d)).chain(tenant.iter().map(|t| shown(&t.url))).collect();
+        if list.is_empty() { "none".to_string() } else { list.join(", ") }
+    };
+    let Some(named) = named.map(normal) else {
+        return default
+            .map(|d| Endpoint { url: d.to_string(), scoped: true })
+            .ok_or_else(|| Refusal::NoneConfigured { allowed: allowed() });
+    };
+    // The operator's default first: it is shared, so it stays limited even if a Tenant also
+    // lists it as dedicated.
+    if default == Some(named) {
+        return Ok(Endpoint { url: named.to_string(), scoped: true });
+    }
+    match tenant.iter().find(|t| normal(&t.url) == named) {
+        Some(t) => {
+            Ok(Endpoint { url: normal(&t.url).to_string(), scoped: t.isolation != PrometheusIsolation::Dedicated })
+        }
+        None => Err(Refusal::NotAllowed { named: shown(named), allowed: allowed() }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(url: &str, isolation: PrometheusIsolation) -> TenantPrometheus {
+        TenantPrometheus { url: url.into(), isolation }
+    }
+
+    #[test]
+    fn table_of_choices() {
+        use PrometheusIsolation::*;
+        let default = Some("http://prometheus.monitoring:9090/");
+        let tenant = [listed("http://thanos.shop:9090", Shared), listed("http://prometheus.shop:9090/", Dedicated)];
+        let ok = |url: &str, scoped| Ok(Endpoint { url: url.into(), scoped });
+        let cases: [(&str, Option<&str>, Option<&str>, &[TenantPrometheus], Result<Endpoint, &str>); 9] = [
+            ("unset: the default, limited", None, default, &tenant, ok("http://prometheus.monitoring:9090", true)),
+            (
+                "the default by name",
+                Some("http://prometheus.monitoring:9090"),
+                default,
+                &[],
+                ok("http://prometheus.monitoring:9090", true),
+            ),
+            (
+                "a shared tenant endpoint",
+                Some("http://thanos.shop:9090/"),
+                default,
+                &tenant,
+                ok("http://thanos.shop:9090", true),
+            ),
+            (
+                "a dedicated tenant endpoint",
+                Some("http://prometheus.shop:9090"),
+                default,
+                &tenant,
+                ok("http://prometheus.shop:9090", false),
+            ),
+            ("cloud metadata", Some("http://169.254.169.254/latest"), default, &tenant, Err("PrometheusNotAllowed")),
+            ("the apiserver", Some("https://kubernetes.default.svc"), default, &tenant, Err("PrometheusNotAllowed")),
+            (
+                "another path on an allowed host",
+                Some("http://thanos.shop:9090/x"),
+                default,
+                &tenant,
+                Err("PrometheusNotAllowed"),
+            ),
+            ("credentials added", Some("http://a:b@thanos.shop:9090"), default, &tenant, Err("PrometheusNotAllowed")),
+            ("nothing configured", None, None, &[], Err("NoPrometheus")),
+        ];
+        for (name, named, default, tenant, want) in cases {
+            let got = choose(named, default, tenant);
+            match (got, want) {
+                (Ok(e), Ok(w)) => assert_eq!(e, w, "{name}"),
+                (Err(r), Err(reason)) => assert_eq!(r.reason(), reason, "{name}"),
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_stays_limited_even_when_a_tenant_lists_it_as_dedicated() {
+        let tenant = [listed("http://prometheus.monitoring:9090", PrometheusIsolation::Dedicated)];
+        let e = choose(Some("http://prometheus.monitoring:9090"), Some("http://prometheus.monitoring:9090"), &tenant);
+        assert_eq!(e.map(|e| e.scoped), Ok(true));
+    }
+
+    #[test]
+    fn the_refusal_names_the_field_and_shows_no_credentials() {
+        let r = choose(Some("http://user:secret@10.0.0.1:8080/"), None, &[]).expect_err("refused");
+        let m = r.to_string();
+        assert!(m.starts_with("spec.rollout.analysis.prometheusUrl: http://10.0.0.1:8080 is not"), "{m}");
+        assert!(!m.contains("secret"), "{m}");
+        assert!(m.contains("nothing was fetched"), "{m}");
+    }
+}
