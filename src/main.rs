@@ -141,6 +141,13 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::FAILURE;
             }
+            if args.stuck_after < args.request_timeout * 2 {
+                eprintln!(
+                    "error: --stuck-after ({:?}) must be at least twice --request-timeout ({:?}): a replica is judged stuck only when its requests stay unanswered well past their own deadline",
+                    args.stuck_after, args.request_timeout
+                );
+                return ExitCode::FAILURE;
+            }
             let runtime = match runtime(true) {
                 Ok(rt) => rt,
                 Err(message) => {

@@ -133,7 +133,6 @@ fn post_generated(
     let per_block = block.len() / repeat.len();
     let mut pieces: Vec<&str> = vec![prefix];
     let mut left = count;
-    let tail;
     while left >= per_block {
         pieces.push(&block);
         left -= per_block;
@@ -145,7 +144,7 @@ fn post_generated(
             pieces.clear();
         }
     }
-    tail = repeat.repeat(left);
+    let tail = repeat.repeat(left);
     pieces.push(&tail);
     pieces.push(suffix);
     if write_pieces(&mut stream, &pieces, declared).is_err() {

@@ -403,7 +403,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     let stuck_after = Duration::from_secs(10);
     let e = Operator::start_with(
         &kubeconfig,
-        &["--shards", "32", "--stuck-after", "10s", "--workload-api-url", &proxy.url()],
+        &["--shards", "32", "--stuck-after", "10s", "--request-timeout", "5s", "--workload-api-url", &proxy.url()],
         "shard-e",
     )
     .await;

@@ -187,7 +187,7 @@ pub struct RunArgs {
     /// A replica whose requests to the apiserver go unanswered this long while its Leases are
     /// answered is stuck: it stops renewing its shards (peers take them once the Leases expire)
     /// and fails /healthz, so that the kubelet restarts it.
-    #[arg(long, env = "FLOTILLA_STUCK_AFTER", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "FLOTILLA_STUCK_AFTER", default_value = "60s", value_parser = parse_duration)]
     pub stuck_after: std::time::Duration,
     /// For tests of network faults only: send every request but the Leases' to this URL (a
     /// proxy in front of the same apiserver, with the same certificate).

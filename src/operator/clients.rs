@@ -55,6 +55,10 @@ pub enum ClientError {
     Auth(#[source] kube::Error),
     #[error("extra headers of the Kubernetes client: {0}")]
     Headers(#[source] kube::Error),
+    #[error(
+        "the kubeconfig names a proxy-url: sharded replicas need the write fence on every request, which kube's proxy client cannot carry; run without proxy-url (in-cluster, or a direct URL) or with --namespace"
+    )]
+    ProxyUnfenced,
 }
 
 /// How a replica talks to the apiserver.
@@ -117,6 +121,9 @@ impl Clients {
     /// headers) over hyper.
     pub fn client(&self) -> Result<Client, ClientError> {
         let config = &self.config;
+        if config.proxy_url.is_some() && self.fence.is_some() {
+            return Err(ClientError::ProxyUnfenced);
+        }
         if config.proxy_url.is_some() {
             // kube's own client knows the proxy protocols (HTTP CONNECT, SOCKS5); through a
             // proxy a replica speaks HTTP/1.1 and its requests are not bounded.
@@ -180,7 +187,7 @@ impl Clients {
             )
             .option_layer(self.in_flight.clone().map(GlobalConcurrencyLimitLayer::with_semaphore))
             // Below the bound and the retries: the last look at the fence before the wire.
-            .option_layer(self.fence.clone())
+            .option_layer(self.fence.as_ref().map(|f| f.under(config.cluster_url.path())))
             .option_layer(self.deadline.map(TimeoutLayer::new))
             .option_layer(self.progress.clone().map(|progress| {
                 MapResponseLayer::new(move |response| {

@@ -281,7 +281,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 }
             }));
             tasks.push(tokio::spawn(crate::app::guard::guard(
-                guard_client,
+                guard_client.clone(),
                 reporter.clone(),
                 metrics.clone(),
                 ownership_rx,
@@ -290,7 +290,8 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             )));
             tasks.push(tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
                 ServedConnections {
-                    client,
+                    // Also the fallback connection of a namespace: fenced like the others.
+                    client: guard_client.clone(),
                     clients: fenced,
                     namespaces_per_connection: settings.namespaces_per_connection,
                 },

@@ -62,11 +62,35 @@ fn is_write(method: &Method) -> bool {
 pub struct WireFenceLayer {
     fence: Fence,
     dropped: IntCounter,
+    /// The path of the apiserver's URL (`/k8s/clusters/c-1` behind some proxies), which kube's
+    /// base-URI layer puts in front of every request path.
+    prefix: std::sync::Arc<str>,
 }
 
 impl WireFenceLayer {
     pub fn new(fence: Fence, dropped: IntCounter) -> Self {
-        Self { fence, dropped }
+        Self { fence, dropped, prefix: std::sync::Arc::from("") }
+    }
+
+    /// The same fence for an apiserver reached under `base_path`.
+    pub fn under(&self, base_path: &str) -> Self {
+        Self { prefix: std::sync::Arc::from(base_path.trim_end_matches('/')), ..self.clone() }
+    }
+}
+
+/// What the fence decides for a request: writes leave only into a namespace whose shard this
+/// replica holds; a write whose namespace cannot be read from its path is refused (these
+/// clients write only into namespaces, so such a path is a mistake, never a reason to skip
+/// the check).
+fn refusal<'a>(fence: &Fence, prefix: &str, method: &Method, path: &'a str) -> Option<&'a str> {
+    if !is_write(method) {
+        return None;
+    }
+    let path = path.strip_prefix(prefix).unwrap_or(path);
+    match namespace_of(path) {
+        Some(namespace) if fence.may_write(namespace) => None,
+        Some(namespace) => Some(namespace),
+        None => Some(""),
     }
 }
 
@@ -74,7 +98,7 @@ impl<S> Layer<S> for WireFenceLayer {
     type Service = WireFence<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        WireFence { inner, fence: self.fence.clone(), dropped: self.dropped.clone() }
+        WireFence { inner, fence: self.fence.clone(), dropped: self.dropped.clone(), prefix: self.prefix.clone() }
     }
 }
 
@@ -83,6 +107,7 @@ pub struct WireFence<S> {
     inner: S,
     fence: Fence,
     dropped: IntCounter,
+    prefix: std::sync::Arc<str>,
 }
 
 impl<S, B> Service<Request<B>> for WireFence<S>
@@ -100,10 +125,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        if is_write(req.method())
-            && let Some(namespace) = namespace_of(req.uri().path())
-            && !self.fence.may_write(namespace)
-        {
+        if let Some(namespace) = refusal(&self.fence, &self.prefix, req.method(), req.uri().path()) {
             self.dropped.inc();
             let err = Fenced { method: req.method().clone(), namespace: namespace.to_string() };
             tracing::warn!(namespace = err.namespace, method = %err.method, path = req.uri().path(), "write dropped at send time: shard hold lapsed");
@@ -166,9 +188,28 @@ mod tests {
         // A renewal older than the deadline: the write that waited is dropped when it leaves.
         fence.renewed(0, Instant::now() - Duration::from_secs(5));
         assert!(svc.clone().oneshot(request(Method::POST, path)).await.is_err());
-        // Cluster-scoped writes are not this layer's business.
-        assert!(svc.clone().oneshot(request(Method::POST, "/api/v1/namespaces")).await.is_ok());
-        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 4);
-        assert_eq!(dropped.get(), 2);
+        // A write whose namespace the path does not name is refused: fail closed.
+        assert!(svc.clone().oneshot(request(Method::POST, "/api/v1/namespaces")).await.is_err());
+        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(dropped.get(), 3);
+
+        // Behind a proxy that serves the apiserver under a path, the same holds.
+        let proxied = WireFenceLayer::new(fence.clone(), dropped.clone())
+            .under("/k8s/clusters/c-1/")
+            .layer(tower::service_fn(|_: Request<()>| futures::future::ready(Ok::<_, BoxError>(()))));
+        let prefixed = format!("/k8s/clusters/c-1{path}");
+        assert!(
+            proxied.clone().oneshot(request(Method::PATCH, &prefixed)).await.is_err(),
+            "stale hold, under a prefix"
+        );
+        fence.renewed(0, Instant::now());
+        assert!(proxied.clone().oneshot(request(Method::PATCH, &prefixed)).await.is_ok());
+        assert!(
+            proxied
+                .clone()
+                .oneshot(request(Method::PATCH, "/k8s/clusters/c-1/apis/apps/v1/namespaces/other/deployments/x"))
+                .await
+                .is_err()
+        );
     }
 }

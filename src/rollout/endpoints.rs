@@ -85,7 +85,8 @@ mod tests {
         let default = Some("http://prometheus.monitoring:9090/");
         let tenant = [listed("http://thanos.shop:9090", Shared), listed("http://prometheus.shop:9090/", Dedicated)];
         let ok = |url: &str, scoped| Ok(Endpoint { url: url.into(), scoped });
-        let cases: [(&str, Option<&str>, Option<&str>, &[TenantPrometheus], Result<Endpoint, &str>); 9] = [
+        type Case<'a> = (&'a str, Option<&'a str>, Option<&'a str>, &'a [TenantPrometheus], Result<Endpoint, &'a str>);
+        let cases: [Case; 9] = [
             ("unset: the default, limited", None, default, &tenant, ok("http://prometheus.monitoring:9090", true)),
             (
                 "the default by name",

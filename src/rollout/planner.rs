@@ -371,16 +371,22 @@ impl Planner<'_> {
     /// in a restore from a backup, or an App re-created with the same spec over its old
     /// Deployment): a new version then rolls out with its canary and analysis instead of
     /// replacing the running one as a first deployment would.
+    /// Only when status never named a target (a first deployment in progress has one) and the
+    /// running version is not the one asked for (then there is nothing to roll out).
     fn recovered_stable_version(&mut self) -> Option<String> {
-        let version = self.input.observed.stable?.metadata.labels.as_ref()?.get(names::LABEL_VERSION)?.clone();
-        self.status.current_version = Some(version.clone());
-        if version != self.target {
-            self.note(
-                false,
-                "StableVersionRecovered",
-                format!("status did not name the stable version; the running Deployment says {version}"),
-            );
+        if self.app.status.as_ref().is_some_and(|s| s.target_version.is_some()) {
+            return None;
         }
+        let version = self.input.observed.stable?.metadata.labels.as_ref()?.get(names::LABEL_VERSION)?.clone();
+        if version == self.target {
+            return None;
+        }
+        self.status.current_version = Some(version.clone());
+        self.note(
+            false,
+            "StableVersionRecovered",
+            format!("status did not name the stable version; the running Deployment says {version}"),
+        );
         Some(version)
     }
 

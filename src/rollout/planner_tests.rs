@@ -651,4 +651,13 @@ fn a_lost_status_recovers_the_stable_version_from_the_running_deployment() {
     assert!(plan.canary.is_none());
     assert_eq!(plan.status.phase, Some(AppPhase::Healthy));
     assert!(plan.notes.is_empty(), "{:?}", plan.notes);
+
+    // A first deployment under way (status names its target) is not a lost status: the
+    // version becomes current only once it is available.
+    let mut first = app.clone();
+    first.status = Some(AppStatus { target_version: Some("2".into()), ..AppStatus::default() });
+    let plan = Run::new(&first).stable("2", 5, 1).plan(0);
+    assert_eq!(plan.status.current_version, None);
+    assert_eq!(plan.status.phase, Some(AppPhase::Progressing));
+    assert!(plan.notes.is_empty(), "{:?}", plan.notes);
 }

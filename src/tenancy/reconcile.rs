@@ -4,7 +4,7 @@
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -308,8 +308,8 @@ async fn onboard_namespace(
 async fn offboard_namespace(tenant: &Tenant, ns: &str, ctx: &TenantContext) -> Result<Option<String>, TenantError> {
     let me = tenant_name(tenant);
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
-    let labels = match namespaces.get_opt(ns).await {
-        Ok(Some(n)) => n.labels().clone(),
+    let (labels, seen) = match namespaces.get_opt(ns).await {
+        Ok(Some(n)) => (n.labels().clone(), Preconditions { uid: n.uid(), resource_version: n.resource_version() }),
         Ok(None) => return Ok(Some("the namespace no longer exists".into())),
         Err(source) => {
             return Err(TenantError::Api {
@@ -337,7 +337,21 @@ async fn offboard_namespace(tenant: &Tenant, ns: &str, ctx: &TenantContext) -> R
     if tenant.spec.namespace_removal_policy == NamespaceRemovalPolicy::Delete
         && super::claim::labelled_owner(&labels) == Some(me.as_str())
     {
-        delete(&namespaces, ns, "Namespace").await?;
+        // Exactly the namespace that was read: a leader that was paused since, while another
+        // re-onboarded or relabelled it, gets 409 and decides again from a fresh read.
+        match namespaces.delete(ns, &DeleteParams { preconditions: Some(seen), ..DeleteParams::background() }).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                return Err(TenantError::Api {
+                    action: "deleting",
+                    kind: "Namespace",
+                    namespace: String::new(),
+                    name: ns.into(),
+                    source,
+                });
+            }
+        }
     }
     info!(tenant = me, namespace = ns, "offboarded namespace");
     Ok(None)
