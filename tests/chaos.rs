@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::prometheus::{Exporter, Prometheus, Traffic};
+use support::rollout::image_of;
 use support::{Operator, admin_client, audit_log, install_crds, operator_kubeconfig, unique, wait_for};
 
 const OPERATOR_NS: &str = "flotilla-system";
@@ -235,15 +236,6 @@ async fn watch_deployments(client: Client, versions: Shared, seen: Arc<Mutex<Pro
             async { Ok::<(), watcher::Error>(()) }
         })
         .await;
-}
-
-fn image_of(d: &Deployment) -> String {
-    d.spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|p| p.containers.first())
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default()
 }
 
 /// Why an App is not (yet) where it must end: `None` when it is.

@@ -241,7 +241,8 @@ fn labels_cover(observed: Option<&BTreeMap<String, String>>, desired: Option<&BT
     desired.iter().all(|(k, v)| observed.get(k) == Some(v))
 }
 
-fn owned_by(meta: &ObjectMeta, owner: &OwnerReference) -> bool {
+/// Whether `owner` is the controller of the object with `meta` (its ownerReference, by uid).
+pub(crate) fn owned_by(meta: &ObjectMeta, owner: &OwnerReference) -> bool {
     meta.owner_references.iter().flatten().any(|o| o.uid == owner.uid && o.controller == Some(true))
 }
 

@@ -18,7 +18,8 @@ use tracing::{Span, debug, field, info, instrument, warn};
 
 use super::context::Context;
 use super::desired::{
-    AppIdentity, Difference, deployment_differences, desired_hpa, desired_service, hpa_differences, service_differences,
+    AppIdentity, Difference, deployment_differences, desired_hpa, desired_service, hpa_differences, owned_by,
+    service_differences,
 };
 use super::error::{ReconcileError, retry_delay};
 use super::names::{self, FIELD_MANAGER};
@@ -331,7 +332,7 @@ fn decision_changed(before: &crate::api::AppStatus, after: &crate::api::AppStatu
 
 /// Whether this App controls `object` (a controller ownerReference with the App's uid).
 fn controlled_by_app<K: Resource>(object: &K, id: &AppIdentity) -> bool {
-    object.meta().owner_references.iter().flatten().any(|o| o.uid == id.owner.uid && o.controller == Some(true))
+    owned_by(object.meta(), &id.owner)
 }
 
 /// Before writing an object the App derives: the object if this App controls it, `None` if

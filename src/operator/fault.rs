@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use tower::{BoxError, Layer, Service};
 
-use super::wire_fence::namespace_of;
+use super::wire_fence::{is_write, namespace_of};
 
 /// The environment variable that arms the fault.
 pub const ABORT_AFTER_WRITES: &str = "FLOTILLA_FAULT_ABORT_AFTER_WRITES";
@@ -34,9 +34,7 @@ impl AbortAfterWrites {
 
     /// Whether a request counts: a write into a namespace, other than an Event.
     pub fn counts(method: &Method, path: &str) -> bool {
-        !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
-            && namespace_of(path).is_some()
-            && !path.contains("/events")
+        is_write(method) && namespace_of(path).is_some() && !path.contains("/events")
     }
 }
 

@@ -53,7 +53,8 @@ pub fn namespace_of(path: &str) -> Option<&str> {
     }
 }
 
-fn is_write(method: &Method) -> bool {
+/// Whether a request writes (anything but a read).
+pub(crate) fn is_write(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
