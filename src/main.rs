@@ -155,7 +155,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            runtime.block_on(async move {
+            let code = runtime.block_on(async move {
                 let _telemetry = match flotilla::telemetry::logging::init(args.log_json, "flotilla") {
                     Ok(g) => g,
                     Err(e) => {
@@ -198,6 +198,7 @@ fn main() -> ExitCode {
                     max_requests_in_flight: usize::from(args.max_requests_in_flight),
                     request_timeout: args.request_timeout,
                     stuck_after: args.stuck_after,
+                    shutdown_grace: args.shutdown_grace,
                     workload_url: args.workload_api_url,
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,
@@ -216,7 +217,11 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     }
                 }
-            })
+            });
+            // Whatever is still running (a task past the shutdown grace, a blocking DNS lookup)
+            // must not keep the process alive.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            code
         }
     }
 }

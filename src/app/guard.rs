@@ -151,11 +151,9 @@ pub async fn guard(
         });
         let mut run = std::pin::pin!(run);
         tokio::select! {
-            _ = &mut shutdown => {
-                let _ = stopped_tx.send(());
-                run.await;
-                return;
-            }
+            // Shutting down: in-flight reconciles are cancelled (dropped with `run`), not
+            // awaited; a write held up by a slow apiserver must not hold up the exit.
+            _ = &mut shutdown => return,
             _ = restart => {
                 info!("the onboarded namespaces changed; listing Apps again for the guard");
                 let _ = stopped_tx.send(());

@@ -189,6 +189,11 @@ pub struct RunArgs {
     /// and fails /healthz, so that the kubelet restarts it.
     #[arg(long, env = "FLOTILLA_STUCK_AFTER", default_value = "60s", value_parser = parse_duration)]
     pub stuck_after: std::time::Duration,
+    /// How long a replica given SIGTERM waits for its work to stop before it exits anyway. It
+    /// closes its fence and releases its Leases first (within --renew-deadline), so what is
+    /// left cannot write; keep it under the pod's terminationGracePeriodSeconds (30 s).
+    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: std::time::Duration,
     /// For tests of network faults only: send every request but the Leases' to this URL (a
     /// proxy in front of the same apiserver, with the same certificate).
     #[arg(long, hide = true)]

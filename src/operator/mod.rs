@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use tokio::sync::watch;
-use tracing::info;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
 use wire_fence::WireFenceLayer;
 
 use crate::app::controller::{Scope, Shared, app_controller};
@@ -61,6 +62,8 @@ pub struct Settings {
     /// A replica whose requests go unanswered this long while its Leases are answered is
     /// stuck: it drops its shards and fails `/healthz` (see `sharding::stuck`).
     pub stuck_after: Duration,
+    /// How long a SIGTERMed replica waits for its tasks before it exits without them.
+    pub shutdown_grace: Duration,
     /// For tests of network faults only: every request but the Leases' goes to this URL (a
     /// proxy in front of the same apiserver), so that the workload path can be broken while
     /// the Lease path works.
@@ -111,6 +114,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         max_requests_in_flight: 1,
         request_timeout: Duration::from_secs(30),
         stuck_after: Duration::from_secs(30),
+        shutdown_grace: Duration::from_secs(10),
         workload_url: None,
     };
     Ok(clients(&settings, None).await?.client()?)
@@ -192,11 +196,11 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             .map_err(|source| OperatorError::Admin { addr: settings.admin_addr, source })?;
     info!(%addr, replica = settings.replica_id, "admin server listening (/metrics, /healthz, /readyz)");
 
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
     if let Some(webhook) = settings.webhook.clone() {
         let (_, webhook_tasks) =
             crate::webhook::start(client.clone(), webhook, metrics.clone(), stop_rx.clone()).await?;
-        tasks.extend(webhook_tasks);
+        tasks.extend(webhook_tasks.into_iter().map(|t| ("conversion webhook", t)));
     }
 
     let reporter = Reporter { controller: "flotilla".into(), instance: Some(settings.replica_id.clone()) };
@@ -211,7 +215,10 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         // Single-namespace mode: the operator was given rights in this namespace directly.
         Some(ns) => {
             let scope = Scope::Namespace(ns.clone());
-            tasks.push(tokio::spawn(app_controller(client, scope, shared, None, ready, stopped(stop_rx.clone()))));
+            tasks.push((
+                "App controller",
+                tokio::spawn(app_controller(client, scope, shared, None, ready, stopped(stop_rx.clone()))),
+            ));
         }
         // Tenancy mode, sharded: the singleton replica onboards Tenants; every replica serves
         // the onboarded namespaces of the shards it holds and explains the rest.
@@ -232,27 +239,28 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 settings.sharding.lease_duration,
                 settings.sharding.shards,
             );
-            tasks.push(tokio::spawn(run_shard_manager(
-                leases,
-                settings.replica_id.clone(),
-                settings.sharding,
-                ShardChannels {
-                    fence: fence.clone(),
-                    held_tx,
-                    working_rx,
-                    ready: ready.clone(),
-                    progress: progress.clone(),
-                },
-                metrics.clone(),
-                stop_rx.clone(),
-            )));
+            tasks.push((
+                "shard manager",
+                tokio::spawn(run_shard_manager(
+                    leases,
+                    settings.replica_id.clone(),
+                    settings.sharding,
+                    ShardChannels {
+                        fence: fence.clone(),
+                        held_tx,
+                        working_rx,
+                        ready: ready.clone(),
+                        progress: progress.clone(),
+                    },
+                    metrics.clone(),
+                    stop_rx.clone(),
+                )),
+            ));
             // Probes the path the work takes, through the same bound on requests in flight.
-            tasks.push(tokio::spawn(watch_progress(
-                client.clone(),
-                progress.clone(),
-                settings.stuck_after,
-                stop_rx.clone(),
-            )));
+            tasks.push((
+                "progress probe",
+                tokio::spawn(watch_progress(client.clone(), progress.clone(), settings.stuck_after, stop_rx.clone())),
+            ));
             let (tenant_client, identity, protection, tenant_reporter, tenant_metrics) = (
                 client.clone(),
                 settings.identity.clone(),
@@ -260,57 +268,91 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 reporter.clone(),
                 metrics.clone(),
             );
-            tasks.push(tokio::spawn({
-                let client = control;
-                let namespace = settings.identity.namespace.clone();
-                let me = settings.replica_id.clone();
-                let shutdown = stop_rx.clone();
-                let progress = progress.clone();
-                async move {
-                    run_singleton(client, &namespace, &me, Duration::from_secs(15), progress, shutdown, move |stop| {
-                        tenant_controller(
-                            tenant_client.clone(),
-                            identity.clone(),
-                            protection.clone(),
-                            tenant_reporter.clone(),
-                            tenant_metrics.clone(),
-                            stopped(stop),
+            tasks.push((
+                "Tenant controller",
+                tokio::spawn({
+                    let client = control;
+                    let namespace = settings.identity.namespace.clone();
+                    let me = settings.replica_id.clone();
+                    let shutdown = stop_rx.clone();
+                    let progress = progress.clone();
+                    async move {
+                        run_singleton(
+                            client,
+                            &namespace,
+                            &me,
+                            Duration::from_secs(15),
+                            progress,
+                            shutdown,
+                            move |stop| {
+                                tenant_controller(
+                                    tenant_client.clone(),
+                                    identity.clone(),
+                                    protection.clone(),
+                                    tenant_reporter.clone(),
+                                    tenant_metrics.clone(),
+                                    stopped(stop),
+                                )
+                            },
                         )
-                    })
-                    .await
-                }
-            }));
-            tasks.push(tokio::spawn(crate::app::guard::guard(
-                guard_client.clone(),
-                reporter.clone(),
-                metrics.clone(),
-                ownership_rx,
-                fence.clone(),
-                stopped(stop_rx.clone()),
-            )));
-            tasks.push(tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
-                ServedConnections {
-                    // Also the fallback connection of a namespace: fenced like the others.
-                    client: guard_client.clone(),
-                    clients: fenced,
-                    namespaces_per_connection: settings.namespaces_per_connection,
-                },
-                shared,
-                settings.sharding.shards,
-                ServedChannels { held_rx, working_tx, ownership_tx, fence },
-                ready,
-                stop_rx.clone(),
-            )));
+                        .await
+                    }
+                }),
+            ));
+            tasks.push((
+                "guard",
+                tokio::spawn(crate::app::guard::guard(
+                    guard_client.clone(),
+                    reporter.clone(),
+                    metrics.clone(),
+                    ownership_rx,
+                    fence.clone(),
+                    stopped(stop_rx.clone()),
+                )),
+            ));
+            tasks.push((
+                "namespace controllers",
+                tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
+                    ServedConnections {
+                        // Also the fallback connection of a namespace: fenced like the others.
+                        client: guard_client.clone(),
+                        clients: fenced,
+                        namespaces_per_connection: settings.namespaces_per_connection,
+                    },
+                    shared,
+                    settings.sharding.shards,
+                    ServedChannels { held_rx, working_tx, ownership_tx, fence },
+                    ready,
+                    stop_rx.clone(),
+                )),
+            ));
         }
     }
 
     termination().await;
-    info!("termination requested; stopping controllers");
+    info!(grace = ?settings.shutdown_grace, "termination requested; stopping controllers");
     let _ = stop_tx.send(true);
-    for task in tasks {
-        let _ = task.await;
+    tasks.push(("admin server", tokio::spawn(async move { drop(admin.await) })));
+    let left = stop_within(tasks, settings.shutdown_grace).await;
+    if left.is_empty() {
+        info!("stopped");
+    } else {
+        // The fence is closed and the Leases are released first thing (or expire): what is
+        // left cannot write. Exiting now is safe; waiting longer only delays the restart.
+        warn!(?left, grace = ?settings.shutdown_grace, "not stopped within the shutdown grace; exiting without them");
     }
-    let _ = admin.await;
-    info!("stopped");
     Ok(())
+}
+
+/// Waits for every task for at most `grace` in all; aborts and names those still running then.
+async fn stop_within(tasks: Vec<(&'static str, JoinHandle<()>)>, grace: Duration) -> Vec<&'static str> {
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut left = Vec::new();
+    for (name, mut task) in tasks {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            task.abort();
+            left.push(name);
+        }
+    }
+    left
 }

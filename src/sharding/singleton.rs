@@ -51,10 +51,9 @@ pub async fn run_singleton<W, F>(
             _ = tick.tick() => {}
         }
         if progress.stuck().is_some() {
-            if let Some((stop, task)) = running.take() {
+            if let Some(work) = running.take() {
                 warn!("stuck: stopping singleton work and no longer renewing its Lease");
-                let _ = stop.send(true);
-                let _ = task.await;
+                cancel(work).await;
             }
             continue;
         }
@@ -84,19 +83,26 @@ pub async fn run_singleton<W, F>(
             }
             (false, true) => {
                 info!("no longer elected; stopping singleton work");
-                if let Some((stop, task)) = running.take() {
-                    let _ = stop.send(true);
-                    let _ = task.await;
+                if let Some(work) = running.take() {
+                    cancel(work).await;
                 }
             }
             _ => {}
         }
     }
-    if let Some((stop, task)) = running.take() {
-        let _ = stop.send(true);
-        let _ = task.await;
+    if let Some(work) = running.take() {
+        cancel(work).await;
         if let Err(e) = lock.step_down().await {
             warn!(error = %e, "could not step down from the singleton Lease");
         }
     }
+}
+
+/// Stops singleton work at once: its in-flight reconciles are cancelled, not awaited. Another
+/// replica may lead as soon as this one stops renewing, and a reconcile waiting on a slow
+/// apiserver (up to --request-timeout) would go on writing beside it, or hold up a shutdown.
+async fn cancel((stop, task): (watch::Sender<bool>, JoinHandle<()>)) {
+    let _ = stop.send(true);
+    task.abort();
+    let _ = task.await;
 }

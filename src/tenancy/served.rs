@@ -201,10 +201,19 @@ pub async fn serve_onboarded_namespaces(
             }
         });
     }
-    for (_, w) in workers {
-        let _ = w.stop.send(true);
-        let _ = w.task.await;
-    }
+    // Shutting down: the shard manager has closed the fence, so nothing in flight may write
+    // any more. Cancel every namespace's work at once rather than wait for its reconciles: one
+    // waiting for a write held up by a slow apiserver (up to --request-timeout), or for caches
+    // whose watches the shutdown just stopped, would hold up the handoff of every shard.
+    let tasks: Vec<JoinHandle<()>> = workers
+        .into_values()
+        .map(|w| {
+            let _ = w.stop.send(true);
+            w.task.abort();
+            w.task
+        })
+        .collect();
+    futures::future::join_all(tasks).await;
     working_tx.send_replace(BTreeSet::new());
 }
 
