@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::prometheus::{Exporter, Prometheus, Traffic};
 use support::rollout::image_of;
+use support::stall_proxy::{StallProxy, kubeconfig_via, upstream_of};
 use support::{Operator, admin_client, audit_log, install_crds, operator_kubeconfig, unique, wait_for};
 
 const OPERATOR_NS: &str = "flotilla-system";
@@ -312,13 +313,14 @@ enum Fault {
     Pause,
     /// SIGTERM (graceful handoff), then a new replica in its place.
     Term,
-    // A stalled apiserver connection (requests held back by a TCP proxy between the replica
-    // and the apiserver, answers and watch events still flowing) joins this list as `Stall`
-    // once tests/support/stall_proxy.rs exists: `Slot::start` then points the replica's
-    // kubeconfig at the proxy, and `inject` holds its requests back for longer than the lease.
+    /// Everything the replica sends (its Lease renewals too) held back by the TCP proxy in
+    /// front of it for longer than the lease, answers and watch events still flowing; then
+    /// what waited is sent. Writes that left before its fence closed arrive after a peer took
+    /// the shard: they must not win.
+    Stall,
 }
 
-const FAULTS: [Fault; 3] = [Fault::Kill, Fault::Pause, Fault::Term];
+const FAULTS: [Fault; 4] = [Fault::Kill, Fault::Pause, Fault::Term, Fault::Stall];
 
 /// One of the three replica positions; each restart is a new replica id, so the audit log
 /// tells the incarnations apart.
@@ -326,6 +328,8 @@ struct Slot {
     letter: char,
     incarnation: u32,
     op: Operator,
+    /// Between this replica and the apiserver, for all of its requests.
+    proxy: StallProxy,
 }
 
 impl Slot {
@@ -334,8 +338,10 @@ impl Slot {
     }
 
     async fn start(kubeconfig: &std::path::Path, args: &[&str], letter: char, incarnation: u32) -> Self {
-        let op = Operator::start_with(kubeconfig, args, &Self::id(letter, incarnation)).await;
-        Self { letter, incarnation, op }
+        let id = Self::id(letter, incarnation);
+        let proxy = StallProxy::start(upstream_of(kubeconfig)).await;
+        let op = Operator::start_with(&kubeconfig_via(kubeconfig, &proxy, &id), args, &id).await;
+        Self { letter, incarnation, op, proxy }
     }
 
     fn signal(&self, sig: &str) {
@@ -364,11 +370,29 @@ async fn inject(fault: Fault, slot: &mut Slot, kubeconfig: &std::path::Path, arg
             slot.signal("-CONT");
             false
         }
+        Fault::Stall => {
+            slot.proxy.stall();
+            tokio::time::sleep(LEASE + Duration::from_secs(4)).await;
+            slot.proxy.resume();
+            false
+        }
         Fault::Term => {
             slot.signal("-TERM");
             let exited = tokio::time::timeout(Duration::from_secs(20), slot.op.child.wait()).await;
             let hung = !matches!(exited, Ok(Ok(s)) if s.success());
             if hung {
+                // What it was doing: the end of its log.
+                let id = Slot::id(slot.letter, slot.incarnation);
+                let log = std::env::temp_dir().join(format!("flotilla-e2e-{id}.log"));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                eprintln!(
+                    "{id} did not exit cleanly within 20 s of SIGTERM ({exited:?}); the end of {}:",
+                    log.display()
+                );
+                for line in tail.iter().rev() {
+                    eprintln!("  {line}");
+                }
                 let _ = slot.op.child.start_kill();
                 let _ = slot.op.child.wait().await;
             }

@@ -84,6 +84,17 @@ pub fn upstream_of(kubeconfig: &Path) -> SocketAddr {
     hostport.parse().unwrap_or_else(|e| panic!("server {hostport} is not https://<ip>:<port>: {e}"))
 }
 
+/// A copy of `kubeconfig` (next to it, named after `id`) whose server is `proxy`: every request
+/// of a replica started with it goes through the proxy, its Leases' too.
+pub fn kubeconfig_via(kubeconfig: &Path, proxy: &StallProxy, id: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(kubeconfig).expect("reading the kubeconfig");
+    let upstream = upstream_of(kubeconfig).to_string();
+    assert!(text.contains(&upstream), "the kubeconfig names its server as {upstream}");
+    let path = kubeconfig.with_file_name(format!("kubeconfig-via-proxy-{id}.yaml"));
+    std::fs::write(&path, text.replace(&upstream, &proxy.addr().to_string())).expect("writing the proxied kubeconfig");
+    path
+}
+
 async fn forward(client: TcpStream, upstream: SocketAddr, mut gate: watch::Receiver<bool>) {
     let Ok(server) = TcpStream::connect(upstream).await else { return };
     let _ = (client.set_nodelay(true), server.set_nodelay(true));
