@@ -2,6 +2,7 @@ use clap::Parser;
 use flotilla::cli::control::Request;
 use flotilla::cli::{AppTarget, Cli, Command};
 use flotilla::rollout::planner::Verb;
+use flotilla::sharding::budget;
 use std::future::Future;
 use std::path::Path;
 use std::process::ExitCode;
@@ -172,6 +173,10 @@ fn main() -> ExitCode {
                         shards: args.shards,
                         lease_duration: args.lease_duration,
                         renew_deadline: args.renew_deadline,
+                        budget: args
+                            .memory_budget
+                            .or_else(|| budget::default_bytes(budget::container_limit()))
+                            .map(budget::Budget::from_bytes),
                         renew_interval: (args.lease_duration / 3)
                             .min(args.renew_deadline / 2)
                             .max(std::time::Duration::from_millis(100)),
@@ -199,6 +204,7 @@ fn main() -> ExitCode {
                     request_timeout: args.request_timeout,
                     stuck_after: args.stuck_after,
                     shutdown_grace: args.shutdown_grace,
+                    pod_policy: flotilla::app::pod_policy::PodPolicy::new(&args.denied_pod_annotation_prefixes),
                     workload_url: args.workload_api_url,
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,

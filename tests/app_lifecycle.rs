@@ -263,7 +263,8 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     let reporter = kube::runtime::events::Reporter { controller: "flotilla".into(), instance: Some("test".into()) };
     let metrics = flotilla::telemetry::Metrics::new().expect("metrics");
     let analyzer = flotilla::rollout::Analyzer::new(None, Default::default()).expect("analyzer");
-    let shared = flotilla::app::controller::Shared { reporter, metrics, analyzer, slots: None };
+    let shared =
+        flotilla::app::controller::Shared { reporter, metrics, analyzer, slots: None, pod_policy: Default::default() };
     let (ctx, streams) = flotilla::app::controller::context(client.clone(), &scope, shared, None);
     use futures::StreamExt;
     tokio::spawn(streams.deployments.for_each(|_| async {}));

@@ -1,7 +1,8 @@
 //! End to end, with the operator authenticated as its ServiceAccount (a TokenRequest token)
 //! and exactly the rbac/ manifests applied (roles and ValidatingAdmissionPolicies): which
 //! namespaces a Tenant may claim, what the apiserver refuses the operator's token whatever
-//! RBAC would allow, and Pod Security Admission in tenant namespaces. Each scenario asserts on
+//! RBAC would allow, Pod Security Admission in tenant namespaces and the pod annotations a
+//! tenant may not set. Each scenario asserts on
 //! what the cluster shows.
 
 mod support;
@@ -346,6 +347,50 @@ async fn restricted_tenant_runs_flotillas_pods(client: Client) {
     assert!(!events.contains("FailedCreate"), "no FailedCreate: {events}");
 }
 
+/// §6: an App asking for a pod annotation the platform reserves (here: out of the mesh) is
+/// refused as a whole, naming the field and the key; without it, the App runs.
+async fn reserved_pod_annotations_are_refused(client: Client) {
+    let (t, ns) = (unique("ten-annot"), unique("annot"));
+    create_tenant(&client, &t, json!({"namespaces": [ns]})).await;
+    wait_state(&client, &t, &ns, NamespaceState::Onboarded).await;
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns);
+    let app: App = serde_json::from_value(json!({
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "web", "namespace": ns},
+        "spec": {"image": "registry.example.com/shop/web", "version": "1.0.0", "replicas": 1,
+                 "podAnnotations": {"sidecar.istio.io/inject": "false", "example.com/team": "shop"}},
+    }))
+    .expect("app");
+    apps.create(&PostParams::default(), &app).await.expect("creating App");
+    let message = wait_for(SETTLE, "App refused for its pod annotation", || async {
+        let status = apps.get("web").await.ok()?.status?;
+        let ready = status.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        (ready.status == "False" && ready.reason == "PodAnnotationDenied").then_some(ready.message)
+    })
+    .await;
+    assert!(
+        message.contains("spec.podAnnotations: sidecar.istio.io/inject may not be set"),
+        "the message names the field and only the refused key: {message}"
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    assert!(deployments.get_opt("web").await.expect("get").is_none(), "nothing of the refused App is applied");
+    let (_, events) = kubectl_try(&["-n", &ns, "get", "events", "-o", "jsonpath={.items[*].reason}"]);
+    assert_eq!(events.matches("PodAnnotationDenied").count(), 1, "one Warning Event: {events}");
+
+    apps.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"podAnnotations": {"sidecar.istio.io/inject": null}}})),
+    )
+    .await
+    .expect("removing the annotation");
+    let d = wait_for(SETTLE, "the App's Deployment once the annotation is gone", || async {
+        deployments.get_opt("web").await.ok().flatten()
+    })
+    .await;
+    let annotations = d.spec.and_then(|s| s.template.metadata).and_then(|m| m.annotations).unwrap_or_default();
+    assert_eq!(annotations.get("example.com/team").map(String::as_str), Some("shop"), "{annotations:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tenant_boundary_holds() {
     let client = admin_client().await;
@@ -359,5 +404,6 @@ async fn the_tenant_boundary_holds() {
         ownership_never_moves(client.clone()),
         operator_token_is_fenced(client.clone(), operator),
         restricted_tenant_runs_flotillas_pods(client.clone()),
+        reserved_pod_annotations_are_refused(client.clone()),
     );
 }

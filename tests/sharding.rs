@@ -5,7 +5,8 @@
 //! stopped replica writes nothing after releasing; a new replica gets its share; after the
 //! whole control plane was away the replicas take back their shards without colliding; a
 //! replica whose requests stall while its Leases still renew drops its shards and fails
-//! /healthz; SIGTERM while its writes are held up by a slow apiserver still exits at once.
+//! /healthz; SIGTERM while its writes are held up by a slow apiserver still exits at once; a
+//! replica at its memory budget leaves shards unowned rather than take them.
 
 mod support;
 
@@ -357,7 +358,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     );
 
     // 5. A new replica joins: it gets its share, and shards are never held twice.
-    let d = Operator::start_with(&kubeconfig, &args, "shard-d").await;
+    let mut d = Operator::start_with(&kubeconfig, &args, "shard-d").await;
     let joined = wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(15)).await; // 6.7 s
     println!("a joining replica got its share {joined:?} after it was ready");
     wait_for(Duration::from_secs(10), "replicas' own view adds up to 32", || async {
@@ -492,7 +493,34 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     wait_all_rolled(&client, &mine, "7", Duration::from_secs(60)).await;
     drop(proxy);
 
+    // 9. A memory budget: a replica whose budget fits 2 Apps, left alone, takes shards until
+    //    the Apps it serves fill it and leaves the rest unowned (and says so) instead of
+    //    taking all 32.
+    let budget = format!("{}", 40 * 1024 * 1024 + 2 * 64 * 1024);
+    let g = Operator::start_with(&kubeconfig, &["--shards", "32", "--memory-budget", &budget], "shard-g").await;
     let _ = c.child.start_kill();
+    let _ = d.child.start_kill();
+    let killed = Instant::now();
+    let value = |m: &str, name: &str| -> f64 {
+        m.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    };
+    let figures = wait_for(Duration::from_secs(40), "shard-g at its memory budget", || async {
+        let m = g.metrics().await;
+        let (held, unowned) = (value(&m, "flotilla_shards_held "), value(&m, "flotilla_shards_unowned "));
+        let (reached, apps) = (value(&m, "flotilla_shard_budget_reached ") == 1.0, value(&m, "flotilla_apps{"));
+        (reached && apps >= 2.0 && held >= 1.0 && held + unowned == f64::from(SHARDS)).then_some((held, unowned, apps))
+    })
+    .await;
+    let (held, unowned, apps) = figures;
+    println!(
+        "memory budget of 2 Apps: shard-g holds {held} shards serving {apps} Apps, {unowned} unowned, {:?} after its peers were killed",
+        killed.elapsed()
+    );
+    assert_eq!(value(&g.metrics().await, "flotilla_app_budget "), 2.0);
+    assert!(apps <= 3.0, "shard-g serves {apps} Apps with a budget of 2 (one round may overshoot by one shard)");
+    assert!(unowned >= 1.0 && held < f64::from(SHARDS), "held {held}, unowned {unowned}");
+    drop(g);
+
     drop((c, d));
     support::cluster_script(&["down"]);
 }

@@ -52,6 +52,8 @@ pub struct Context {
     pub tenants: Option<Store<Tenant>>,
     /// Slots shared by the reconciles of every served namespace (see `reconcile`).
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Pod annotations a tenant may not set.
+    pub pod_policy: Arc<crate::app::pod_policy::PodPolicy>,
     failures: Mutex<HashMap<(String, String), u32>>,
     /// The status this replica last wrote per App, until the cache shows it.
     written: Mutex<HashMap<(String, String), (AppStatus, Instant)>>,
@@ -93,6 +95,7 @@ impl Context {
             tenant: None,
             tenants: None,
             slots: None,
+            pod_policy: Arc::default(),
             failures: Mutex::default(),
             written: Mutex::default(),
             applied_services: Mutex::default(),

@@ -65,6 +65,8 @@ pub struct Shared {
     pub analyzer: Analyzer,
     /// Reconciles of all served namespaces running at once (`None`: no bound).
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Pod annotations a tenant may not set.
+    pub pod_policy: Arc<crate::app::pod_policy::PodPolicy>,
 }
 
 /// The watch streams that fill the controller's caches of managed objects.
@@ -84,7 +86,7 @@ pub type Streams = ManagedStreams<
 /// The controller's context and the watch streams that fill its caches. The streams must
 /// be polled (the controller does; a test can drain them) for the caches to fill.
 pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
-    let Shared { reporter, metrics, analyzer, slots } = shared;
+    let Shared { reporter, metrics, analyzer, slots, pod_policy } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector());
     let (deployments, deployments_synced, deployment_events) = cache::<Deployment>(scope.api(&client), managed(), ());
     let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
@@ -94,6 +96,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let caches = Caches { deployments, hpas, services, synced: vec![deployments_synced, hpas_synced, services_synced] };
     let mut ctx = Context::new(client, recorder, metrics, app_resource, caches, analyzer);
     ctx.slots = slots;
+    ctx.pod_policy = pod_policy;
     if let Some(s) = served_by {
         ctx.fence = Some(s.fence);
         ctx.tenant = s.tenant;

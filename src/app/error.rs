@@ -19,6 +19,8 @@ pub enum ReconcileError {
         #[source]
         source: crate::rollout::duration::DurationError,
     },
+    #[error("App {namespace}/{name}: {}", crate::app::pod_policy::PodPolicy::message(.keys))]
+    PodAnnotationsDenied { namespace: String, name: String, keys: Vec<String> },
     #[error("App {namespace}/{name} has no uid yet")]
     NotStored { namespace: String, name: String },
     #[error("not writing in namespace {namespace}: this replica's hold on its shard is not current (fenced)")]
@@ -128,7 +130,13 @@ impl ReconcileError {
         match (self, self.api_code()) {
             (Self::Fenced { .. }, _) => ErrorClass::Fenced,
             (Self::NameConflict { .. }, _) => ErrorClass::NameConflict,
-            (Self::InvalidApp { .. } | Self::InvalidSettings { .. } | Self::NotStored { .. }, _) => ErrorClass::Invalid,
+            (
+                Self::InvalidApp { .. }
+                | Self::InvalidSettings { .. }
+                | Self::NotStored { .. }
+                | Self::PodAnnotationsDenied { .. },
+                _,
+            ) => ErrorClass::Invalid,
             (_, Some(409)) => ErrorClass::Conflict,
             (_, Some(403 | 404)) => ErrorClass::Refused,
             _ => ErrorClass::Transient,
@@ -155,6 +163,7 @@ impl ReconcileError {
             _ => match self {
                 Self::InvalidApp { .. } | Self::InvalidSettings { .. } => "InvalidSpec",
                 Self::NameConflict { .. } => "NameConflict",
+                Self::PodAnnotationsDenied { .. } => "PodAnnotationDenied",
                 _ => "ReconcileError",
             },
         }

@@ -6,6 +6,7 @@ pub mod desired;
 pub mod error;
 pub mod guard;
 pub mod names;
+pub mod pod_policy;
 pub mod reconcile;
 pub mod status;
 

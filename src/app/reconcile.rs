@@ -118,6 +118,15 @@ async fn reconcile_app(
     let app_ref = app.object_ref(&());
     let spec_changed = app.status.as_ref().and_then(|s| s.observed_generation) != app.metadata.generation;
 
+    // Refused before anything is planned: pods with an annotation the platform reserves are
+    // never rendered, and what runs stays as it is.
+    let denied = ctx.pod_policy.denied(app.spec.pod_annotations.iter().flatten().map(|(k, _)| k));
+    if !denied.is_empty() {
+        let err =
+            ReconcileError::PodAnnotationsDenied { namespace: namespace.clone(), name: name.clone(), keys: denied };
+        return Err(refuse(&app, ctx, err).await);
+    }
+
     // Read: the App's objects from the caches. One that carries Flotilla's labels but is not
     // controlled by this App (another App's, or a hand-made one) is not planned from and
     // never written: see `claim`.
@@ -309,6 +318,33 @@ async fn reconcile_app(
         (_, Some(after)) => Action::requeue(after.min(PROGRESS_RECHECK)),
         _ => Action::requeue(PROGRESS_RECHECK),
     })
+}
+
+/// Records on the App why its spec is refused as a whole (Ready and Progressing False, the
+/// spec's generation observed, one Warning Event) and returns the error. Nothing else changes.
+async fn refuse(app: &App, ctx: &Context, err: ReconcileError) -> ReconcileError {
+    let namespace = app.metadata.namespace.clone().unwrap_or_default();
+    let name = app.metadata.name.clone().unwrap_or_default();
+    let previous = app.status.clone().unwrap_or_default();
+    let blocker = Blocker { reason: err.reason().to_string(), message: err.to_string() };
+    let seen = crate::api::AppStatus { observed_generation: app.metadata.generation, ..previous.clone() };
+    let status = degraded(&seen, &previous, &blocker, crate::api::conditions::now_to_the_second());
+    if app.status.as_ref() == Some(&status) {
+        return err;
+    }
+    if !ctx.may_write(&namespace) {
+        return ReconcileError::Fenced { namespace };
+    }
+    let version = app.metadata.resource_version.as_deref();
+    if let Err(e) = write_status(&ctx.client, &namespace, &name, &status, version).await {
+        return e;
+    }
+    ctx.remember_written(&namespace, &name, status);
+    let reported = previous.conditions.iter().any(|c| c.type_ == planner::READY && c.message == blocker.message);
+    if !reported {
+        ctx.publish(&app.object_ref(&()), EventType::Warning, err.reason(), "Reconcile", err.to_string()).await;
+    }
+    err
 }
 
 /// Whether the plan moved the rollout (step, versions, rollback), so that the Deployment

@@ -194,6 +194,23 @@ pub struct RunArgs {
     /// left cannot write; keep it under the pod's terminationGracePeriodSeconds (30 s).
     #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: std::time::Duration,
+    /// Memory the Apps this replica serves may fill (256Mi, 1Gi, or unlimited): once the
+    /// Apps it serves fill it, at about 64 KiB each over 40 MiB, the replica takes no more
+    /// shards and leaves them to its peers, or unowned (flotilla_shards_unowned) rather than be
+    /// OOM-killed. Default: 80 % of the container's memory limit (cgroup), unlimited without one.
+    #[arg(long, env = "FLOTILLA_MEMORY_BUDGET", value_parser = crate::sharding::budget::parse_bytes)]
+    pub memory_budget: Option<u64>,
+    /// Pod annotations no App may set, as key prefixes, comma-separated (mesh sidecar opt-outs,
+    /// unconfined AppArmor and seccomp profiles, drain blockers, Flotilla's own: see
+    /// docs/security.md). An App that sets one is refused and nothing of it is applied. An
+    /// empty value refuses none.
+    #[arg(
+        long,
+        env = "FLOTILLA_DENIED_POD_ANNOTATION_PREFIXES",
+        value_delimiter = ',',
+        default_values_t = crate::app::pod_policy::DEFAULT_DENIED_PREFIXES.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    )]
+    pub denied_pod_annotation_prefixes: Vec<String>,
     /// For tests of network faults only: send every request but the Leases' to this URL (a
     /// proxy in front of the same apiserver, with the same certificate).
     #[arg(long, hide = true)]

@@ -62,6 +62,8 @@ pub struct Settings {
     /// A replica whose requests go unanswered this long while its Leases are answered is
     /// stuck: it drops its shards and fails `/healthz` (see `sharding::stuck`).
     pub stuck_after: Duration,
+    /// Pod annotations a tenant may not set.
+    pub pod_policy: crate::app::pod_policy::PodPolicy,
     /// How long a SIGTERMed replica waits for its tasks before it exits without them.
     pub shutdown_grace: Duration,
     /// For tests of network faults only: every request but the Leases' goes to this URL (a
@@ -115,6 +117,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         request_timeout: Duration::from_secs(30),
         stuck_after: Duration::from_secs(30),
         shutdown_grace: Duration::from_secs(10),
+        pod_policy: Default::default(),
         workload_url: None,
     };
     Ok(clients(&settings, None).await?.client()?)
@@ -195,6 +198,11 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
             .await
             .map_err(|source| OperatorError::Admin { addr: settings.admin_addr, source })?;
     info!(%addr, replica = settings.replica_id, "admin server listening (/metrics, /healthz, /readyz)");
+    match settings.sharding.budget {
+        Some(b) => info!(max_apps = b.max_apps, "memory budget: no more shards once the Apps served reach max_apps"),
+        None => info!("no memory budget (no --memory-budget and no container memory limit)"),
+    }
+    metrics.app_budget(settings.sharding.budget.map(|b| b.max_apps), false);
 
     let mut tasks: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
     if let Some(webhook) = settings.webhook.clone() {
@@ -210,6 +218,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         analyzer: Analyzer::new(settings.prometheus_url.clone(), settings.analysis_limits)?,
         // Twice the requests in flight: a reconcile sends its requests one after the other.
         slots: Some(Arc::new(tokio::sync::Semaphore::new(settings.max_requests_in_flight.max(1) * 2))),
+        pod_policy: Arc::new(settings.pod_policy.clone()),
     };
     match &settings.namespace {
         // Single-namespace mode: the operator was given rights in this namespace directly.

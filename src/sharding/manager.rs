@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::budget::Budget;
 use super::fence::Fence;
 use super::leases::{LABEL_SHARDS, LeaseError, Leases, holder, is_member, shard_lease_name, shard_of_lease};
 use super::plan::{ExpiryTracker, View, plan};
@@ -41,6 +42,8 @@ pub struct ShardSettings {
     pub renew_interval: Duration,
     /// How often the manager looks at the Leases.
     pub retry_period: Duration,
+    /// The most Apps this replica may serve (`None`: no bound): see `budget`.
+    pub budget: Option<Budget>,
 }
 
 impl Default for ShardSettings {
@@ -51,6 +54,7 @@ impl Default for ShardSettings {
             renew_deadline: Duration::from_secs(4),
             renew_interval: Duration::from_secs(2),
             retry_period: Duration::from_millis(500),
+            budget: None,
         }
     }
 }
@@ -364,6 +368,7 @@ async fn balance_loop(
     let mut tracker = ExpiryTracker::default();
     let mut last_listed: Option<Instant> = None;
     let mut failed_since = false;
+    let mut budget_reached = false;
     let mut tick = tokio::time::interval(settings.retry_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -480,6 +485,23 @@ async fn balance_loop(
             grace: settings.grace(),
         };
         let mut decision = plan(&view);
+        metrics.shards_unowned(free.len());
+        // The memory budget: no more shards than the Apps already served leave room for.
+        let allowed = settings.budget.map(|b| b.shards_allowed(metrics.app_index().count(), held.len()));
+        let full = allowed == Some(0) && !decision.acquire.is_empty();
+        if full && !budget_reached {
+            warn!(
+                apps = metrics.app_index().count(),
+                max_apps = settings.budget.map(|b| b.max_apps),
+                free = free.len(),
+                "memory budget reached: leaving free shards to other replicas (or unowned)"
+            );
+        }
+        if let Some(allowed) = allowed {
+            decision.acquire.truncate(allowed);
+        }
+        budget_reached = full;
+        metrics.app_budget(settings.budget.map(|b| b.max_apps), full);
         if !ready.load(std::sync::atomic::Ordering::SeqCst) {
             decision.acquire.clear();
         }

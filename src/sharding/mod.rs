@@ -1,6 +1,7 @@
 //! Sharding: namespaces hash into shards, each shard is owned through a compare-and-swap
 //! Lease by one replica at a time, and the cluster-wide singleton work runs on one replica.
 
+pub mod budget;
 pub mod fence;
 pub mod hash;
 pub mod leases;

@@ -40,6 +40,12 @@ impl AppIndex {
         Registration { index: self.clone(), namespace: namespace.to_string() }
     }
 
+    /// How many Apps the served namespaces' caches hold.
+    pub fn count(&self) -> usize {
+        let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
+        stores.values().map(|s| s.state().len()).sum()
+    }
+
     /// Every served App's (namespace, name, status).
     fn statuses(&self) -> Vec<(String, String, AppStatus)> {
         let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());

@@ -28,6 +28,9 @@ pub struct Metrics {
     rollbacks: IntCounterVec,
     conversions: IntCounterVec,
     writes_fenced: IntCounter,
+    shards_unowned: IntGauge,
+    app_budget: IntGauge,
+    budget_reached: IntGauge,
     apps: AppIndex,
 }
 
@@ -127,6 +130,21 @@ impl Metrics {
             "Writes dropped when they were to be sent, because this replica's hold on the namespace's shard had lapsed while they waited.",
         )?;
         registry.register(Box::new(writes_fenced.clone()))?;
+        let shards_unowned = IntGauge::new(
+            "flotilla_shards_unowned",
+            "Shards no live replica holds, as this replica sees the Leases (free, or held by a replica that stopped renewing).",
+        )?;
+        let app_budget = IntGauge::new(
+            "flotilla_app_budget",
+            "The most Apps this replica serves before it takes no more shards (--memory-budget); -1 when unlimited.",
+        )?;
+        let budget_reached = IntGauge::new(
+            "flotilla_shard_budget_reached",
+            "1 while this replica leaves free shards to others (or unowned) because its Apps fill its memory budget.",
+        )?;
+        registry.register(Box::new(shards_unowned.clone()))?;
+        registry.register(Box::new(app_budget.clone()))?;
+        registry.register(Box::new(budget_reached.clone()))?;
         registry.register(Box::new(shards_held.clone()))?;
         registry.register(Box::new(lease_events.clone()))?;
         registry.register(Box::new(seconds_since_renew.clone()))?;
@@ -183,8 +201,21 @@ impl Metrics {
             rollbacks,
             conversions,
             writes_fenced,
+            shards_unowned,
+            app_budget,
+            budget_reached,
             apps,
         })
+    }
+
+    pub fn shards_unowned(&self, n: usize) {
+        self.shards_unowned.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The replica's budget in Apps (`None`: unlimited) and whether it holds a shard back now.
+    pub fn app_budget(&self, max_apps: Option<usize>, reached: bool) {
+        self.app_budget.set(max_apps.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)));
+        self.budget_reached.set(i64::from(reached));
     }
 
     pub fn reconciled(&self, controller: &str, took: Duration, error_kind: Option<&str>) {
