@@ -49,6 +49,14 @@ async fn invalid_apps_are_refused_with_the_field_named() {
         ("version starting with a dash", "dash", with(json!({"version": "-1.0"})), "spec.version"),
         ("version with a space", "space", with(json!({"version": "1 0"})), "spec.version"),
         ("negative replicas", "neg", with(json!({"replicas": -1})), "spec.replicas"),
+        (
+            "65 pod annotations",
+            "annotations",
+            with(
+                json!({"podAnnotations": (0..65).map(|i| (format!("example.com/a{i}"), json!("x"))).collect::<serde_json::Map<_, _>>()}),
+            ),
+            "spec.podAnnotations",
+        ),
         ("too many replicas", "many", with(json!({"replicas": 1001})), "spec.replicas"),
         (
             "replicas and autoscaling together",

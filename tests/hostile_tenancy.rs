@@ -199,7 +199,34 @@ async fn operator_token_is_fenced(client: Client, operator: Client) {
     let r = api.create(&pp, &binding(&tenant_ns, "backdoor", "flotilla-tenant-workloads")).await;
     failures.extend(refused("a RoleBinding of another name in a tenant namespace", r, ONBOARDING));
     let r = api.create(&pp, &binding(&tenant_ns, "flotilla-tenant-admins", "flotilla-tenant-workloads")).await;
-    failures.extend(refused("flotilla-tenant-admins bound to the workloads role", r, ONBOARDING));
+    failures.extend(refused("flotilla-tenant-admins bound to the workloads role", r, "flotilla-operator-"));
+    // The operator's binding names the operator only.
+    let mut to_attacker = binding(&tenant_ns, "flotilla-operator", "flotilla-tenant-workloads");
+    if let Some(s) = to_attacker.subjects.as_mut().and_then(|s| s.first_mut()) {
+        s.name = "attacker".into();
+        s.namespace = Some(victim.clone());
+    }
+    let r = api.patch("flotilla-operator", &PatchParams::apply("attacker").force(), &Patch::Apply(&to_attacker)).await;
+    failures.extend(refused("binding the workloads role to another ServiceAccount", r, ONBOARDING));
+    // The admins' binding names the admins the Tenant lists, and no one else: the Flotilla
+    // operator's own write of it passes, a stolen token's write of it with others does not.
+    let (t2, admins_ns) = (unique("ten-admins"), unique("admins"));
+    create_tenant(&client, &t2, json!({"namespaces": [admins_ns], "admins": [{"kind": "User", "name": "alice"}]}))
+        .await;
+    wait_state(&client, &t2, &admins_ns, NamespaceState::Onboarded).await;
+    assert!(has_binding(&client, &admins_ns, "flotilla-tenant-admins").await, "the Tenant's admins are bound");
+    let everyone: RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "flotilla-tenant-admins", "namespace": admins_ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant-admin"},
+        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "alice"},
+                     {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:authenticated"}],
+    }))
+    .expect("binding");
+    let r = Api::<RoleBinding>::namespaced(operator.clone(), &admins_ns)
+        .patch("flotilla-tenant-admins", &PatchParams::apply("attacker").force(), &Patch::Apply(&everyone))
+        .await;
+    failures.extend(refused("binding every authenticated user as tenant admins", r, "flotilla-operator-tenant-admins"));
     let quota: ResourceQuota = serde_json::from_value(
         json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "other"}, "spec": {"hard": {"pods": "0"}}}),
     )
@@ -373,8 +400,19 @@ async fn reserved_pod_annotations_are_refused(client: Client) {
     );
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     assert!(deployments.get_opt("web").await.expect("get").is_none(), "nothing of the refused App is applied");
-    let (_, events) = kubectl_try(&["-n", &ns, "get", "events", "-o", "jsonpath={.items[*].reason}"]);
-    assert_eq!(events.matches("PodAnnotationDenied").count(), 1, "one Warning Event: {events}");
+    // One Warning Event, not one per reconcile: look again after the App was reconciled anew.
+    let denied = r#"jsonpath={range .items[?(@.reason=="PodAnnotationDenied")]}{.series.count}{"|"}{end}"#;
+    wait_for(SETTLE, "the PodAnnotationDenied Event", || async {
+        let (_, out) = kubectl_try(&["-n", &ns, "get", "events.v1.events.k8s.io", "-o", denied]);
+        out.contains('|').then_some(())
+    })
+    .await;
+    apps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})))
+        .await
+        .expect("labelling the App");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, events) = kubectl_try(&["-n", &ns, "get", "events.v1.events.k8s.io", "-o", denied]);
+    assert_eq!(events, "|", "one Warning Event, never repeated (series counts between the bars): {events}");
 
     apps.patch(
         "web",

@@ -72,7 +72,10 @@ pub struct AppSpec {
     pub min_ready_seconds: Option<i32>,
 
     /// Annotations for the App's pods (for example scrape settings). Part of the pod template: changing them restarts the pods.
+    /// At most 64: every App's annotations are copied into its Deployments and held in the
+    /// operator's caches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 64))]
     pub pod_annotations: Option<std::collections::BTreeMap<String, String>>,
 
     /// How a new `version` is rolled out and checked: strategy, Prometheus analysis, rollback and deadline.
