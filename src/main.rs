@@ -173,10 +173,11 @@ fn main() -> ExitCode {
                         shards: args.shards,
                         lease_duration: args.lease_duration,
                         renew_deadline: args.renew_deadline,
-                        budget: args
-                            .memory_budget
-                            .or_else(|| budget::default_bytes(budget::container_limit()))
-                            .map(budget::Budget::from_bytes),
+                        budget: match args.memory_budget {
+                            Some(u64::MAX) => None,
+                            Some(bytes) => Some(budget::Budget::from_bytes(bytes)),
+                            None => budget::default_bytes(budget::container_limit()).map(budget::Budget::from_bytes),
+                        },
                         renew_interval: (args.lease_duration / 3)
                             .min(args.renew_deadline / 2)
                             .max(std::time::Duration::from_millis(100)),

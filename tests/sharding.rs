@@ -462,9 +462,10 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     drop(e);
     drop(proxy);
 
-    // 8. SIGTERM while the replica's writes are held up by a slow apiserver: it cancels them
-    //    (its fence is closed, so they could not land) and hands off at once, instead of
-    //    waiting for their --request-timeout before releasing its Leases and exiting.
+    // 8. SIGTERM while the replica's writes are held up by a slow apiserver: its reconciles get
+    //    the renew deadline (4 s) to finish, then are cancelled (its fence is closed, no new
+    //    write leaves), and it hands off, instead of waiting for their --request-timeout
+    //    before releasing its Leases and exiting.
     let proxy = StallProxy::start(upstream_of(&kubeconfig)).await;
     let mut f = Operator::start_with(
         &kubeconfig,
@@ -486,8 +487,8 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     println!("SIGTERM with writes held up: shard-f exited {took:?} after the signal ({exited:?})");
     assert!(matches!(exited, Ok(Ok(status)) if status.success()), "shard-f exits cleanly on SIGTERM: {exited:?}");
     assert!(
-        took <= Duration::from_secs(1),
-        "shard-f took {took:?} to exit with writes held up; measured 0.03 s (18 s when it waited for them)"
+        took <= Duration::from_secs(8),
+        "shard-f took {took:?} to exit with writes held up; measured 4.0 s (18 s when it waited for them)"
     );
     wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(4)).await;
     wait_all_rolled(&client, &mine, "7", Duration::from_secs(60)).await;
@@ -517,7 +518,16 @@ async fn shards_fail_over_hand_off_and_rebalance() {
         killed.elapsed()
     );
     assert_eq!(value(&g.metrics().await, "flotilla_app_budget "), 2.0);
-    assert!(apps <= 3.0, "shard-g serves {apps} Apps with a budget of 2 (one round may overshoot by one shard)");
+    // One shard taken while a single App was served can bring all of its Apps at once.
+    let mut per_shard: BTreeMap<u32, f64> = BTreeMap::new();
+    for ns in &namespaces {
+        *per_shard.entry(shard_of(ns, SHARDS)).or_default() += 1.0;
+    }
+    let heaviest = per_shard.values().copied().fold(1.0, f64::max);
+    assert!(
+        apps <= (1.0 + heaviest).max(2.0),
+        "shard-g serves {apps} Apps with a budget of 2 (heaviest shard {heaviest})"
+    );
     assert!(unowned >= 1.0 && held < f64::from(SHARDS), "held {held}, unowned {unowned}");
     drop(g);
 

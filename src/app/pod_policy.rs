@@ -14,6 +14,8 @@ pub const DEFAULT_DENIED_PREFIXES: &[&str] = &[
     "traffic.sidecar.istio.io/",
     "proxy.istio.io/",
     "status.sidecar.istio.io/",
+    "inject.istio.io/",
+    "ambient.istio.io/",
     // Linkerd: the same, for its proxy (`linkerd.io/inject: disabled`,
     // `config.linkerd.io/skip-outbound-ports`).
     "linkerd.io/",
@@ -22,6 +24,11 @@ pub const DEFAULT_DENIED_PREFIXES: &[&str] = &[
     // Per-container AppArmor and legacy seccomp profiles (`unconfined`).
     "container.apparmor.security.beta.kubernetes.io/",
     "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+    // Extra or chosen networks and addresses, around NetworkPolicy (Multus, Calico).
+    "k8s.v1.cni.cncf.io/",
+    "v1.multus-cni.io/",
+    "cni.projectcalico.org/",
     // Pods that block node scale-down and drains (`safe-to-evict: "false"`, `do-not-disrupt`).
     "cluster-autoscaler.kubernetes.io/",
     "karpenter.sh/",
@@ -99,6 +106,10 @@ mod tests {
             "config.linkerd.io/skip-outbound-ports",
             "container.apparmor.security.beta.kubernetes.io/app",
             "seccomp.security.alpha.kubernetes.io/pod",
+            "container.seccomp.security.alpha.kubernetes.io/app",
+            "k8s.v1.cni.cncf.io/networks",
+            "cni.projectcalico.org/ipAddrs",
+            "inject.istio.io/templates",
             "cluster-autoscaler.kubernetes.io/safe-to-evict",
             "flotilla.dev/version",
             "prometheus.io/scrape",
@@ -109,9 +120,13 @@ mod tests {
             p.denied(&asked),
             keys(&[
                 "cluster-autoscaler.kubernetes.io/safe-to-evict",
+                "cni.projectcalico.org/ipAddrs",
                 "config.linkerd.io/skip-outbound-ports",
                 "container.apparmor.security.beta.kubernetes.io/app",
+                "container.seccomp.security.alpha.kubernetes.io/app",
                 "flotilla.dev/version",
+                "inject.istio.io/templates",
+                "k8s.v1.cni.cncf.io/networks",
                 "linkerd.io/inject",
                 "seccomp.security.alpha.kubernetes.io/pod",
                 "sidecar.istio.io/inject",

@@ -327,6 +327,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                         client: guard_client.clone(),
                         clients: fenced,
                         namespaces_per_connection: settings.namespaces_per_connection,
+                        stop_within: settings.sharding.renew_deadline,
                     },
                     shared,
                     settings.sharding.shards,

@@ -27,6 +27,13 @@ impl Budget {
         Self { max_apps: usize::try_from(apps).unwrap_or(usize::MAX) }
     }
 
+    /// Whether the Apps served fill the budget: no room left for a shard of the average
+    /// weight of those held (announced to peers, who then share the rest without it).
+    pub fn is_full(&self, apps: usize, held: usize) -> bool {
+        let room = self.max_apps.saturating_sub(apps);
+        room == 0 || (held > 0 && apps > 0 && room < apps.div_ceil(held))
+    }
+
     /// How many more shards may be taken now, holding `held` shards that serve `apps` Apps.
     /// A shard is expected to weigh what the held ones weigh on average; while that is not
     /// known (no shard, or no App seen yet: caches may still be filling), one shard at a time.
@@ -60,7 +67,7 @@ pub fn default_bytes(limit: Option<u64>) -> Option<u64> {
 }
 
 /// Parses `--memory-budget`: bytes with an optional Kubernetes suffix (`Ki`, `Mi`, `Gi`,
-/// `K`, `M`, `G`), or `unlimited`.
+/// `K`, `M`, `G`), or `unlimited` (`u64::MAX`: no budget, whatever the container's limit).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
     if s.eq_ignore_ascii_case("unlimited") {
@@ -127,6 +134,9 @@ mod tests {
             assert_eq!(b.shards_allowed(apps, held), want, "apps {apps}, held {held}");
         }
         assert_eq!(Budget { max_apps: 0 }.shards_allowed(0, 0), 0);
+        for ((apps, held), want) in table {
+            assert_eq!(b.is_full(apps, held), want == 0, "full at apps {apps}, held {held}");
+        }
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub fn holder(lease: &Lease) -> Option<&str> {
 
 /// Label on membership Leases: the shard count the replica was started with.
 pub const LABEL_SHARDS: &str = "flotilla.dev/shards";
+/// Label on membership Leases: "true" while the replica's Apps fill its memory budget. Its
+/// peers then share the shards it does not hold among themselves (see `plan::fair_share`).
+pub const LABEL_FULL: &str = "flotilla.dev/full";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -74,6 +77,8 @@ pub struct Leases {
     /// Every Lease call gives up after this long, so one hung request cannot stall the
     /// manager past its renew deadline.
     call_timeout: std::time::Duration,
+    /// Announced on the membership Lease at each heartbeat (`LABEL_FULL`).
+    full: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn now() -> MicroTime {
@@ -88,7 +93,26 @@ impl Leases {
             duration_secs: i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX),
             shards,
             call_timeout: (duration / 3).max(std::time::Duration::from_millis(200)),
+            full: Default::default(),
         }
+    }
+
+    /// Sets what the next heartbeats announce: whether this replica is at its memory budget.
+    pub fn announce_full(&self, full: bool) {
+        self.full.store(full, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The labels this replica's Leases of `kind` carry.
+    fn labels(&self, kind: &str) -> BTreeMap<String, String> {
+        let mut labels = BTreeMap::from([
+            (LABEL_LEASE.to_string(), kind.to_string()),
+            (LABEL_SHARDS.to_string(), self.shards.to_string()),
+        ]);
+        if kind == "member" {
+            let full = self.full.load(std::sync::atomic::Ordering::Relaxed);
+            labels.insert(LABEL_FULL.to_string(), full.to_string());
+        }
+        labels
     }
 
     async fn bounded<T>(
@@ -114,14 +138,7 @@ impl Leases {
 
     fn fresh(&self, name: &str, kind: &str) -> Lease {
         Lease {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(BTreeMap::from([
-                    (LABEL_LEASE.to_string(), kind.to_string()),
-                    (LABEL_SHARDS.to_string(), self.shards.to_string()),
-                ])),
-                ..ObjectMeta::default()
-            },
+            metadata: ObjectMeta { name: Some(name.into()), labels: Some(self.labels(kind)), ..ObjectMeta::default() },
             spec: Some(LeaseSpec {
                 holder_identity: Some(self.me.clone()),
                 lease_duration_seconds: Some(self.duration_secs),
@@ -155,11 +172,7 @@ impl Leases {
                 lease.metadata.managed_fields = None;
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 edit(spec);
-                lease
-                    .metadata
-                    .labels
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(LABEL_SHARDS.to_string(), self.shards.to_string());
+                lease.metadata.labels.get_or_insert_with(BTreeMap::new).extend(self.labels(kind));
                 // metadata.resourceVersion is kept from the read: the update is a compare-and-swap.
                 self.bounded("updating", name, self.api.replace(name, &PostParams::default(), &lease)).await?
             }

@@ -19,7 +19,9 @@ use tracing::{info, warn};
 
 use super::budget::Budget;
 use super::fence::Fence;
-use super::leases::{LABEL_SHARDS, LeaseError, Leases, holder, is_member, shard_lease_name, shard_of_lease};
+use super::leases::{
+    LABEL_FULL, LABEL_SHARDS, LeaseError, Leases, holder, is_member, shard_lease_name, shard_of_lease,
+};
 use super::plan::{ExpiryTracker, View, plan};
 use super::stuck::Progress;
 use crate::telemetry::Metrics;
@@ -219,6 +221,10 @@ pub async fn run_shard_manager(
     metrics.shards_held(0, 0.0);
     info!("released every shard");
 }
+
+/// How long a newly served namespace's App cache is waited for before more shards are taken
+/// under a memory budget (one that does not list by then, for want of rights, is not).
+const CACHES_FILL_WITHIN: Duration = Duration::from_secs(30);
 
 type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
 
@@ -474,6 +480,21 @@ async fn balance_loop(
             .filter_map(|l| l.metadata.labels.as_ref()?.get(LABEL_SHARDS).cloned())
             .filter(|n| *n != settings.shards.to_string())
             .collect();
+        // Live replicas at their memory budget, with what they hold: they take no more, and
+        // the others share the rest (this replica's own state is judged below, not read back).
+        let mut full: BTreeMap<String, usize> = all
+            .iter()
+            .filter(|l| is_member(l))
+            .filter(|l| l.metadata.labels.as_ref().and_then(|m| m.get(LABEL_FULL)).map(String::as_str) == Some("true"))
+            .filter_map(|l| holder(l).filter(|h| live.contains(*h) && *h != me.as_str()))
+            .map(|h| (h.to_string(), others.get(h).copied().unwrap_or(0)))
+            .collect();
+        let apps = metrics.app_index().count();
+        let me_full = settings.budget.is_some_and(|b| b.is_full(apps, held.len()));
+        if me_full {
+            full.insert(me.clone(), held.len());
+        }
+        leases.announce_full(me_full);
         let view = View {
             me: &me,
             shards: settings.shards,
@@ -483,25 +504,29 @@ async fn balance_loop(
             others: &others,
             free: &free,
             grace: settings.grace(),
+            full: &full,
         };
         let mut decision = plan(&view);
         metrics.shards_unowned(free.len());
         // The memory budget: no more shards than the Apps already served leave room for.
-        let allowed = settings.budget.map(|b| b.shards_allowed(metrics.app_index().count(), held.len()));
-        let full = allowed == Some(0) && !decision.acquire.is_empty();
-        if full && !budget_reached {
+        // While a shard taken earlier still fills its caches, its Apps are not counted yet:
+        // take nothing more until they are.
+        let allowed = settings.budget.map(|b| {
+            if metrics.app_index().unsynced(CACHES_FILL_WITHIN) > 0 { 0 } else { b.shards_allowed(apps, held.len()) }
+        });
+        if me_full && !budget_reached {
             warn!(
-                apps = metrics.app_index().count(),
+                apps,
                 max_apps = settings.budget.map(|b| b.max_apps),
                 free = free.len(),
-                "memory budget reached: leaving free shards to other replicas (or unowned)"
+                "memory budget reached: taking no more shards; peers share the rest, or leave them unowned"
             );
         }
         if let Some(allowed) = allowed {
             decision.acquire.truncate(allowed);
         }
-        budget_reached = full;
-        metrics.app_budget(settings.budget.map(|b| b.max_apps), full);
+        budget_reached = me_full;
+        metrics.app_budget(settings.budget.map(|b| b.max_apps), me_full);
         if !ready.load(std::sync::atomic::Ordering::SeqCst) {
             decision.acquire.clear();
         }

@@ -80,13 +80,21 @@ pub struct Plan {
 
 /// The fair share of one replica: ceil(shards / live replicas) at most. The first
 /// (shards mod live) replicas by name take the ceiling and the others the floor, so the
-/// shares add up to the shard count and differ by at most one.
-pub fn fair_share(replica: &str, shards: u32, live: &BTreeSet<String>) -> usize {
+/// shares add up to the shard count and differ by at most one. A replica at its memory
+/// budget (in `full`, with the shards it holds) keeps what it holds and takes nothing more;
+/// the other replicas share the remaining shards the same way.
+pub fn fair_share(replica: &str, shards: u32, live: &BTreeSet<String>, full: &BTreeMap<String, usize>) -> usize {
     let mut members = live.clone();
     members.insert(replica.to_string());
-    let n = members.len();
-    let rank = members.iter().position(|m| m == replica).unwrap_or(0);
-    let (base, extra) = (shards as usize / n, shards as usize % n);
+    if let Some(held) = full.get(replica) {
+        return *held;
+    }
+    let taken: usize = full.iter().filter(|(r, _)| members.contains(*r)).map(|(_, n)| *n).sum();
+    let rest: Vec<&String> = members.iter().filter(|m| !full.contains_key(*m)).collect();
+    let n = rest.len().max(1);
+    let left = (shards as usize).saturating_sub(taken);
+    let rank = rest.iter().position(|m| *m == replica).unwrap_or(0);
+    let (base, extra) = (left / n, left % n);
     base + usize::from(rank < extra)
 }
 
@@ -117,14 +125,17 @@ pub struct View<'a> {
     /// How long a free shard is left to the replica the assignment gives it to before any
     /// replica with room may take it.
     pub grace: Duration,
+    /// Live replicas at their memory budget (this one included, if it is), with the shards
+    /// each holds: they take no more, and the others share the rest.
+    pub full: &'a BTreeMap<String, usize>,
 }
 
 /// Takes shards up to the fair share (first its own stale Leases, then the free shards the
 /// shared assignment gives it, then shards left free past the grace period), or hands back
 /// the surplus when more replicas are alive than when the shards were taken.
 pub fn plan(view: &View<'_>) -> Plan {
-    let View { me, shards, live, held, own_stale, others, free, grace } = *view;
-    let fair = fair_share(me, shards, live);
+    let View { me, shards, live, held, own_stale, others, free, grace, full } = *view;
+    let fair = fair_share(me, shards, live, full);
     let mut out = Plan::default();
     if held.len() > fair {
         let mut mine: Vec<u32> = held.iter().copied().collect();
@@ -147,7 +158,7 @@ pub fn plan(view: &View<'_>) -> Plan {
     }
     let free_now: BTreeSet<u32> =
         free.keys().copied().filter(|s| *s < shards && !held.contains(s) && !own_stale.contains(s)).collect();
-    for s in assignment(me, shards, live, held.len() + own_stale.len(), others, &free_now) {
+    for s in assignment(me, shards, live, held.len() + own_stale.len(), others, &free_now, full) {
         take(s, &mut room, &mut out);
     }
     let mut overdue: Vec<u32> = free_now.iter().copied().filter(|s| free.get(s).is_some_and(|f| *f >= grace)).collect();
@@ -168,6 +179,7 @@ fn assignment(
     mine: usize,
     others: &BTreeMap<String, usize>,
     free: &BTreeSet<u32>,
+    full: &BTreeMap<String, usize>,
 ) -> Vec<u32> {
     let mut members = live.clone();
     members.insert(me.to_string());
@@ -175,7 +187,7 @@ fn assignment(
         .iter()
         .map(|r| {
             let has = if r == me { mine } else { others.get(r).copied().unwrap_or(0) };
-            (r.as_str(), fair_share(r, shards, &members).saturating_sub(has))
+            (r.as_str(), fair_share(r, shards, &members, full).saturating_sub(has))
         })
         .collect();
     let mut pairs: Vec<(u64, &str, u32)> =
@@ -245,16 +257,66 @@ mod tests {
     }
 
     #[test]
+    fn peers_of_a_full_replica_take_its_share() {
+        let live: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
+        let free: BTreeMap<u32, Duration> = (5..32).map(|s| (s, GRACE * 2)).collect();
+        let full = BTreeMap::from([("a".to_string(), 5)]);
+        let (none, no_shards): (BTreeMap<String, usize>, BTreeSet<u32>) = (BTreeMap::new(), BTreeSet::new());
+        let view = |me: &'static str, others: &'static str, full: &BTreeMap<String, usize>| -> usize {
+            let others = if others.is_empty() { BTreeMap::new() } else { BTreeMap::from([(others.to_string(), 5)]) };
+            plan(&View {
+                me,
+                shards: 32,
+                live: &live,
+                held: &no_shards,
+                own_stale: &no_shards,
+                others: &others,
+                free: &free,
+                grace: GRACE,
+                full,
+            })
+            .acquire
+            .len()
+        };
+        assert_eq!(view("b", "a", &full), 14);
+        assert_eq!(view("c", "a", &full), 13);
+        // Without the announcement, b and c stop at a third each, and 5 stay unowned.
+        assert_eq!(view("b", "a", &none), 11);
+        // The full replica itself takes nothing, whatever is free.
+        assert_eq!(view("a", "", &BTreeMap::from([("a".to_string(), 0)])), 0);
+    }
+
+    #[test]
+    fn a_replica_at_its_budget_keeps_what_it_holds_and_the_others_share_the_rest() {
+        let three: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
+        let full = BTreeMap::from([("a".to_string(), 5)]);
+        let shares: Vec<usize> = ["a", "b", "c"].iter().map(|r| fair_share(r, 32, &three, &full)).collect();
+        assert_eq!(shares, vec![5, 14, 13]);
+        // Everyone full: each keeps what it holds, and nobody takes the rest.
+        let all = BTreeMap::from([("a".to_string(), 5), ("b".to_string(), 6), ("c".to_string(), 7)]);
+        let shares: Vec<usize> = ["a", "b", "c"].iter().map(|r| fair_share(r, 32, &three, &all)).collect();
+        assert_eq!(shares, vec![5, 6, 7]);
+        // A full replica that is no longer live does not count.
+        let two: BTreeSet<String> = ["b", "c"].map(String::from).into();
+        assert_eq!(fair_share("b", 32, &two, &full), 16);
+    }
+
+    #[test]
     fn fair_shares_add_up_and_differ_by_at_most_one() {
         let three = members(&["a", "b", "c"]);
         assert_eq!(
-            [fair_share("a", 32, &three), fair_share("b", 32, &three), fair_share("c", 32, &three)],
+            [
+                fair_share("a", 32, &three, &BTreeMap::new()),
+                fair_share("b", 32, &three, &BTreeMap::new()),
+                fair_share("c", 32, &three, &BTreeMap::new())
+            ],
             [11, 11, 10]
         );
         let five = members(&["a", "b", "c", "d", "e"]);
-        let shares: Vec<usize> = ["a", "b", "c", "d", "e"].iter().map(|r| fair_share(r, 32, &five)).collect();
+        let shares: Vec<usize> =
+            ["a", "b", "c", "d", "e"].iter().map(|r| fair_share(r, 32, &five, &BTreeMap::new())).collect();
         assert_eq!(shares, vec![7, 7, 6, 6, 6]);
-        assert_eq!(fair_share("solo", 32, &BTreeSet::new()), 32, "a replica counts itself");
+        assert_eq!(fair_share("solo", 32, &BTreeSet::new(), &BTreeMap::new()), 32, "a replica counts itself");
     }
 
     /// The view of one replica: `owners[s]` names the holder of shard s as the Leases show it
@@ -289,6 +351,7 @@ mod tests {
             others: &others,
             free: &free,
             grace: GRACE,
+            full: &BTreeMap::new(),
         })
     }
 
@@ -391,6 +454,7 @@ mod tests {
                     others: &others,
                     free: &free,
                     grace: GRACE,
+                    full: &BTreeMap::new(),
                 };
                 plans.push(plan(&view));
             }

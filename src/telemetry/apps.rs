@@ -13,10 +13,13 @@ use std::sync::{Arc, RwLock};
 
 use crate::api::{AppPhase, AppStatus};
 
+/// A namespace's App cache, and when it was registered.
+type Registered = (Store<DynamicObject>, std::time::Instant);
+
 /// The App caches of the namespaces served here, by namespace.
 #[derive(Clone, Default)]
 pub struct AppIndex {
-    stores: Arc<RwLock<BTreeMap<String, Store<DynamicObject>>>>,
+    stores: Arc<RwLock<BTreeMap<String, Registered>>>,
 }
 
 /// Removes its namespace's cache from the index when dropped (when the namespace's
@@ -36,21 +39,36 @@ impl AppIndex {
     /// Adds the App cache of `namespace` (`""` for a cluster-wide cache) until the returned
     /// registration is dropped.
     pub fn register(&self, namespace: &str, store: Store<DynamicObject>) -> Registration {
-        self.stores.write().unwrap_or_else(|p| p.into_inner()).insert(namespace.to_string(), store);
+        self.stores
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(namespace.to_string(), (store, std::time::Instant::now()));
         Registration { index: self.clone(), namespace: namespace.to_string() }
+    }
+
+    /// How many served namespaces' App caches, registered less than `within` ago, have not
+    /// had their first list yet (an older one that never lists, for want of rights, is not
+    /// waited for).
+    pub fn unsynced(&self, within: std::time::Duration) -> usize {
+        use futures::FutureExt;
+        let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
+        stores
+            .values()
+            .filter(|(s, since)| since.elapsed() < within && s.wait_until_ready().now_or_never().is_none())
+            .count()
     }
 
     /// How many Apps the served namespaces' caches hold.
     pub fn count(&self) -> usize {
         let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
-        stores.values().map(|s| s.state().len()).sum()
+        stores.values().map(|(s, _)| s.state().len()).sum()
     }
 
     /// Every served App's (namespace, name, status).
     fn statuses(&self) -> Vec<(String, String, AppStatus)> {
         let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
-        for store in stores.values() {
+        for (store, _) in stores.values() {
             for obj in store.state() {
                 let status = obj
                     .data

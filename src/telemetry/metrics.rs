@@ -140,7 +140,7 @@ impl Metrics {
         )?;
         let budget_reached = IntGauge::new(
             "flotilla_shard_budget_reached",
-            "1 while this replica leaves free shards to others (or unowned) because its Apps fill its memory budget.",
+            "1 while the Apps this replica serves fill its memory budget: it takes no more shards, and its peers share the rest (or leave them unowned).",
         )?;
         registry.register(Box::new(shards_unowned.clone()))?;
         registry.register(Box::new(app_budget.clone()))?;
@@ -212,7 +212,7 @@ impl Metrics {
         self.shards_unowned.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    /// The replica's budget in Apps (`None`: unlimited) and whether it holds a shard back now.
+    /// The replica's budget in Apps (`None`: unlimited) and whether its Apps fill it.
     pub fn app_budget(&self, max_apps: Option<usize>, reached: bool) {
         self.app_budget.set(max_apps.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)));
         self.budget_reached.set(i64::from(reached));

@@ -135,6 +135,8 @@ pub struct ServedConnections {
     pub client: Client,
     pub clients: Clients,
     pub namespaces_per_connection: usize,
+    /// How long the namespace controllers get to stop at shutdown before they are cancelled.
+    pub stop_within: std::time::Duration,
 }
 
 /// Channels of the supervisor.
@@ -160,7 +162,7 @@ pub async fn serve_onboarded_namespaces(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let ServedChannels { mut held_rx, working_tx, ownership_tx, fence } = channels;
-    let ServedConnections { client, clients, namespaces_per_connection } = connections;
+    let ServedConnections { client, clients, namespaces_per_connection, stop_within } = connections;
     let (tenants, mut synced, events) = cache::<Tenant>(Api::all(client.clone()), watcher::Config::default(), ());
     let mut events = std::pin::pin!(events);
     let mut workers: BTreeMap<String, NamespaceWorker> = BTreeMap::new();
@@ -201,19 +203,28 @@ pub async fn serve_onboarded_namespaces(
             }
         });
     }
-    // Shutting down: the shard manager has closed the fence, so nothing in flight may write
-    // any more. Cancel every namespace's work at once rather than wait for its reconciles: one
-    // waiting for a write held up by a slow apiserver (up to --request-timeout), or for caches
-    // whose watches the shutdown just stopped, would hold up the handoff of every shard.
+    // Shutting down: the shard manager closes the fence, so no new write leaves. Every
+    // namespace's controller stops at once and its reconciles get until `stop_within` (the
+    // renew deadline, while the Leases are still held) to finish, so that requests already
+    // on their way are answered before a peer may take the shards. What is still running
+    // then is cancelled: a reconcile waiting for a write held up by a slow apiserver (up to
+    // --request-timeout), or for caches whose watches the shutdown stopped, must not hold up
+    // the handoff of every shard.
+    let deadline = tokio::time::Instant::now() + stop_within;
     let tasks: Vec<JoinHandle<()>> = workers
         .into_values()
         .map(|w| {
             let _ = w.stop.send(true);
-            w.task.abort();
             w.task
         })
         .collect();
-    futures::future::join_all(tasks).await;
+    futures::future::join_all(tasks.into_iter().map(|mut task| async move {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            task.abort();
+            let _ = task.await;
+        }
+    }))
+    .await;
     working_tx.send_replace(BTreeSet::new());
 }
 

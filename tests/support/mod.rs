@@ -229,10 +229,14 @@ impl Operator {
         // the conversion tests call it.
         let webhook: &[&str] =
             if args.iter().any(|a| a.starts_with("--webhook-addr")) { &[] } else { &["--webhook-addr", "127.0.0.1:0"] };
+        // No memory budget from the cgroup the tests happen to run in, unless the test sets one.
+        let budget: &[&str] =
+            if args.iter().any(|a| a.starts_with("--memory-budget")) { &[] } else { &["--memory-budget", "unlimited"] };
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .arg("run")
             .args(args)
             .args(webhook)
+            .args(budget)
             .args(["--admin-addr", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
             .arg(kubeconfig)
