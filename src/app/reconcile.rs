@@ -102,6 +102,7 @@ async fn reconcile_app(
             return Err(err);
         }
     };
+    debug!(namespace, app = name, generation = ?app.metadata.generation, "reconciling");
     if app.metadata.deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove the Deployment and HPA.
         return Ok(Action::await_change());

@@ -327,7 +327,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                         client: guard_client.clone(),
                         clients: fenced,
                         namespaces_per_connection: settings.namespaces_per_connection,
-                        stop_within: settings.sharding.renew_deadline,
+                        stop_within: settings.sharding.renew_deadline / 2,
                     },
                     shared,
                     settings.sharding.shards,

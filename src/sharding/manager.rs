@@ -206,6 +206,13 @@ pub async fn run_shard_manager(
     let shards: Vec<u32> = holdings.shards().into_iter().collect();
     let released = holdings.remove(&shards);
     wait_stopped(&mut working_rx, shards.into_iter().collect(), settings.renew_deadline).await;
+    // Shards whose work was cancelled rather than stopped may still have writes on their
+    // way: their Leases expire (a lease duration after the last renewal) instead.
+    let unstopped = working_rx.borrow().clone();
+    let (released, left): (Vec<_>, Vec<_>) = released.into_iter().partition(|(s, _)| !unstopped.contains(s));
+    if !left.is_empty() {
+        warn!(shards = ?left.iter().map(|(s, _)| *s).collect::<Vec<_>>(), "leaving these shards' Leases to expire");
+    }
     futures::stream::iter(released)
         .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |(shard, h)| {
             let (leases, metrics) = (leases.clone(), metrics.clone());
@@ -225,6 +232,8 @@ pub async fn run_shard_manager(
 /// How long a newly served namespace's App cache is waited for before more shards are taken
 /// under a memory budget (one that does not list by then, for want of rights, is not).
 const CACHES_FILL_WITHIN: Duration = Duration::from_secs(30);
+/// Looks in a row (every 500 ms) that find room before a full replica says it is no longer full.
+const FULL_CLEARS_AFTER: u32 = 10;
 
 type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
 
@@ -375,6 +384,7 @@ async fn balance_loop(
     let mut last_listed: Option<Instant> = None;
     let mut failed_since = false;
     let mut budget_reached = false;
+    let mut room_seen = 0u32;
     let mut tick = tokio::time::interval(settings.retry_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -490,7 +500,13 @@ async fn balance_loop(
             .map(|h| (h.to_string(), others.get(h).copied().unwrap_or(0)))
             .collect();
         let apps = metrics.app_index().count();
-        let me_full = settings.budget.is_some_and(|b| b.is_full(apps, held.len()));
+        let filling = metrics.app_index().unsynced(CACHES_FILL_WITHIN) > 0;
+        // Full at once; no longer full only after FULL_CLEARS_AFTER looks in a row that find
+        // room, with every cache filled: peers then hand shards back, and a replica that
+        // turned full again would leave them unowned for a while.
+        let full_now = settings.budget.is_some_and(|b| b.is_full(apps, held.len()));
+        room_seen = if full_now || filling { 0 } else { room_seen + 1 };
+        let me_full = full_now || (budget_reached && room_seen < FULL_CLEARS_AFTER);
         if me_full {
             full.insert(me.clone(), held.len());
         }
@@ -511,9 +527,7 @@ async fn balance_loop(
         // The memory budget: no more shards than the Apps already served leave room for.
         // While a shard taken earlier still fills its caches, its Apps are not counted yet:
         // take nothing more until they are.
-        let allowed = settings.budget.map(|b| {
-            if metrics.app_index().unsynced(CACHES_FILL_WITHIN) > 0 { 0 } else { b.shards_allowed(apps, held.len()) }
-        });
+        let allowed = settings.budget.map(|b| if filling { 0 } else { b.shards_allowed(apps, held.len()) });
         if me_full && !budget_reached {
             warn!(
                 apps,

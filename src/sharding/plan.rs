@@ -81,15 +81,21 @@ pub struct Plan {
 /// The fair share of one replica: ceil(shards / live replicas) at most. The first
 /// (shards mod live) replicas by name take the ceiling and the others the floor, so the
 /// shares add up to the shard count and differ by at most one. A replica at its memory
-/// budget (in `full`, with the shards it holds) keeps what it holds and takes nothing more;
-/// the other replicas share the remaining shards the same way.
+/// budget (in `full`, with the shards it holds) keeps what it holds, up to that equal share,
+/// and takes nothing more; the other replicas share the remaining shards the same way.
 pub fn fair_share(replica: &str, shards: u32, live: &BTreeSet<String>, full: &BTreeMap<String, usize>) -> usize {
     let mut members = live.clone();
     members.insert(replica.to_string());
+    let equal = |r: &str| {
+        let n = members.len();
+        let rank = members.iter().position(|m| m == r).unwrap_or(0);
+        shards as usize / n + usize::from(rank < shards as usize % n)
+    };
+    let kept = |r: &str, held: usize| held.min(equal(r));
     if let Some(held) = full.get(replica) {
-        return *held;
+        return kept(replica, *held);
     }
-    let taken: usize = full.iter().filter(|(r, _)| members.contains(*r)).map(|(_, n)| *n).sum();
+    let taken: usize = full.iter().filter(|(r, _)| members.contains(*r)).map(|(r, n)| kept(r, *n)).sum();
     let rest: Vec<&String> = members.iter().filter(|m| !full.contains_key(*m)).collect();
     let n = rest.len().max(1);
     let left = (shards as usize).saturating_sub(taken);
@@ -296,6 +302,11 @@ mod tests {
         let all = BTreeMap::from([("a".to_string(), 5), ("b".to_string(), 6), ("c".to_string(), 7)]);
         let shares: Vec<usize> = ["a", "b", "c"].iter().map(|r| fair_share(r, 32, &three, &all)).collect();
         assert_eq!(shares, vec![5, 6, 7]);
+        // A full replica holding more than an equal share (alone until now) hands the surplus
+        // to the others.
+        let alone = BTreeMap::from([("a".to_string(), 32)]);
+        let shares: Vec<usize> = ["a", "b", "c"].iter().map(|r| fair_share(r, 32, &three, &alone)).collect();
+        assert_eq!(shares, vec![11, 11, 10]);
         // A full replica that is no longer live does not count.
         let two: BTreeSet<String> = ["b", "c"].map(String::from).into();
         assert_eq!(fair_share("b", 32, &two, &full), 16);

@@ -288,14 +288,17 @@ async fn onboard_namespace(
     }
     let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), ns);
     apply(&bindings, OPERATOR_BINDING, &operator_binding(ns, &me, &ctx.operator), "RoleBinding").await?;
-    match admin_binding(ns, tenant) {
-        Some(b) => apply(&bindings, ADMIN_BINDING, &b, "RoleBinding").await?,
-        None => delete(&bindings, ADMIN_BINDING, "RoleBinding").await?,
-    }
+    // The quota before the admins: the apiserver may refuse the admins' binding for a while
+    // (its cache of Tenants, which an admission policy checks it against, may lag a change),
+    // and a namespace must not run without its quota meanwhile.
     let quotas: Api<ResourceQuota> = Api::namespaced(ctx.client.clone(), ns);
     match quota(ns, tenant) {
         Some(q) => apply(&quotas, QUOTA, &q, "ResourceQuota").await?,
         None => delete(&quotas, QUOTA, "ResourceQuota").await?,
+    }
+    match admin_binding(ns, tenant) {
+        Some(b) => apply(&bindings, ADMIN_BINDING, &b, "RoleBinding").await?,
+        None => delete(&bindings, ADMIN_BINDING, "RoleBinding").await?,
     }
     Ok(())
 }

@@ -181,6 +181,11 @@ pub async fn serve_onboarded_namespaces(
                 if changed.is_err() { break; }
             }
         }
+        // At shutdown the shard manager drops every shard as it closes the fence: stop
+        // below, where work gets its time to finish, not as for shards that were lost.
+        if *shutdown.borrow() {
+            break;
+        }
         if !*synced.borrow_and_update() {
             continue;
         }
@@ -204,28 +209,40 @@ pub async fn serve_onboarded_namespaces(
         });
     }
     // Shutting down: the shard manager closes the fence, so no new write leaves. Every
-    // namespace's controller stops at once and its reconciles get until `stop_within` (the
-    // renew deadline, while the Leases are still held) to finish, so that requests already
-    // on their way are answered before a peer may take the shards. What is still running
-    // then is cancelled: a reconcile waiting for a write held up by a slow apiserver (up to
-    // --request-timeout), or for caches whose watches the shutdown stopped, must not hold up
-    // the handoff of every shard.
+    // namespace's controller stops at once and its reconciles get until `stop_within` (half
+    // the renew deadline, while the Leases are still held) to finish, so that requests
+    // already on their way are answered before a peer may take the shards. What is still
+    // running then is cancelled (a reconcile waiting for a write held up by a slow apiserver,
+    // up to --request-timeout, or for caches whose watches the shutdown stopped), and its
+    // shards are not reported stopped: a request it sent may still land, so the shard
+    // manager lets their Leases expire instead of releasing them.
     let deadline = tokio::time::Instant::now() + stop_within;
-    let tasks: Vec<JoinHandle<()>> = workers
-        .into_values()
-        .map(|w| {
+    let tasks: Vec<(String, JoinHandle<()>)> = workers
+        .into_iter()
+        .map(|(ns, w)| {
             let _ = w.stop.send(true);
-            w.task
+            (ns, w.task)
         })
         .collect();
-    futures::future::join_all(tasks.into_iter().map(|mut task| async move {
-        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-            task.abort();
-            let _ = task.await;
+    let cancelled: Vec<String> = futures::future::join_all(tasks.into_iter().map(|(ns, mut task)| async move {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_ok() {
+            return None;
         }
+        task.abort();
+        let _ = task.await;
+        Some(ns)
     }))
-    .await;
-    working_tx.send_replace(BTreeSet::new());
+    .await
+    .into_iter()
+    .flatten()
+    .collect();
+    if cancelled.is_empty() {
+        working_tx.send_replace(BTreeSet::new());
+    } else {
+        let still: BTreeSet<u32> = cancelled.iter().map(|ns| shard_of(ns, shards)).collect();
+        warn!(namespaces = ?cancelled, "reconciles cancelled at shutdown may still have writes on their way: their shards' Leases are left to expire");
+        working_tx.send_replace(still);
+    }
 }
 
 #[cfg(test)]
