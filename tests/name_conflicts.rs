@@ -102,13 +102,18 @@ async fn a_hand_made_service_is_never_taken_over_and_the_app_converges_once_it_g
 
     // The platform retires its Service: the App converges without anyone touching it.
     services.delete("db", &DeleteParams::default()).await.expect("deleting Service db");
-    wait_for(Duration::from_secs(40), "App db Healthy with its own Service", || async {
+    // It looks again every 10 s (a backoff counted from failures grew to a minute within
+    // 30 ms of the App's creation, and this wait timed out in CI). Measured 8.1 s; at most 10 s
+    // plus a reconcile.
+    let deleted = std::time::Instant::now();
+    wait_for(Duration::from_secs(25), "App db Healthy with its own Service", || async {
         let app = apps.get("db").await.ok()?;
         let service = services.get_opt("db").await.ok()??;
         let owned = service.owner_references().iter().any(|o| Some(&o.uid) == app.metadata.uid.as_ref());
         (owned && ready(&app).is_some_and(|(s, _, _)| s == "True")).then_some(())
     })
     .await;
+    println!("App db converged {:?} after the hand-made Service was deleted", deleted.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

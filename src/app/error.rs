@@ -179,9 +179,11 @@ pub fn retry_delay(class: ErrorClass, failures: u32) -> Option<Duration> {
         ErrorClass::Fenced => Some(Duration::from_secs(2)),
         ErrorClass::Conflict => Some(Duration::from_secs(1u64 << (failures - 3).min(8))),
         ErrorClass::Invalid => None,
-        // 5 s, doubling to a minute: the object may go away at any time (only a look shows
-        // it when it is not one of the operator's own, which the caches do not watch).
-        ErrorClass::NameConflict => Some(Duration::from_secs((5u64 << failures.min(4)).min(60))),
+        // Every 10 s, not backed off: the object may go away at any time (only a look shows
+        // it when it is not one of the operator's own, which the caches do not watch), and
+        // the App's own writes trigger several reconciles at once, so a count of failures
+        // would grow in milliseconds (5 within 30 ms, measured) and push the look a minute away.
+        ErrorClass::NameConflict => Some(Duration::from_secs(10)),
         ErrorClass::Refused | ErrorClass::Transient => {
             let secs = 1u64.checked_shl(failures.min(16)).unwrap_or(u64::MAX).min(300);
             Some(Duration::from_secs(secs))
@@ -223,7 +225,7 @@ mod tests {
         assert_eq!(conflict.reason(), "NameConflict");
         assert_eq!(conflict.class(), ErrorClass::NameConflict);
         let d = |n| retry_delay(ErrorClass::NameConflict, n).map(|d| d.as_secs());
-        assert_eq!([d(0), d(1), d(4), d(30)], [Some(5), Some(10), Some(60), Some(60)]);
+        assert_eq!([d(0), d(1), d(4), d(30)], [Some(10); 4]);
     }
 
     #[test]
