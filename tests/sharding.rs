@@ -118,14 +118,18 @@ async fn namespaces_held_by(client: &Client, tenant: &str, namespaces: &[String]
 async fn believed_held(ops: &[&Operator]) -> i64 {
     let mut total = 0;
     for op in ops {
-        let m = op.metrics().await;
-        total += m
-            .lines()
-            .find_map(|l| l.strip_prefix("flotilla_shards_held "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0) as i64;
+        total += metric_sum(&op.metrics().await, "flotilla_shards_held ") as i64;
     }
     total
+}
+
+/// The sum of the samples in metrics `text` whose line starts with `prefix` (a metric name
+/// followed by a space, or by `{` for all its label sets).
+fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+        .sum()
 }
 
 async fn bump_all(client: &Client, namespaces: &[String], version: &str) {
@@ -541,13 +545,11 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     let _ = c.child.start_kill();
     let _ = d.child.start_kill();
     let killed = Instant::now();
-    let value = |m: &str, name: &str| -> f64 {
-        m.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
-    };
     let figures = wait_for(Duration::from_secs(40), "shard-g at its memory budget", || async {
         let m = g.metrics().await;
-        let (held, unowned) = (value(&m, "flotilla_shards_held "), value(&m, "flotilla_shards_unowned "));
-        let (reached, apps) = (value(&m, "flotilla_shard_budget_reached ") == 1.0, value(&m, "flotilla_apps{"));
+        let (held, unowned) = (metric_sum(&m, "flotilla_shards_held "), metric_sum(&m, "flotilla_shards_unowned "));
+        let (reached, apps) =
+            (metric_sum(&m, "flotilla_shard_budget_reached ") == 1.0, metric_sum(&m, "flotilla_apps{"));
         (reached && apps >= 2.0 && held >= 1.0 && held + unowned == f64::from(SHARDS)).then_some((held, unowned, apps))
     })
     .await;
@@ -556,7 +558,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
         "memory budget of 2 Apps: shard-g holds {held} shards serving {apps} Apps, {unowned} unowned, {:?} after its peers were killed",
         killed.elapsed()
     );
-    assert_eq!(value(&g.metrics().await, "flotilla_app_budget "), 2.0);
+    assert_eq!(metric_sum(&g.metrics().await, "flotilla_app_budget "), 2.0);
     // One shard taken while a single App was served can bring all of its Apps at once.
     let mut per_shard: BTreeMap<u32, f64> = BTreeMap::new();
     for ns in &namespaces {
