@@ -328,6 +328,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                         clients: fenced,
                         namespaces_per_connection: settings.namespaces_per_connection,
                         stop_within: settings.sharding.renew_deadline / 2,
+                        cancelled_linger: settings.sharding.lease_duration,
                     },
                     shared,
                     settings.sharding.shards,

@@ -573,6 +573,13 @@ async fn balance_loop(
         if !decision.release.is_empty() {
             let release = holdings.remove(&decision.release);
             wait_stopped(working_rx, release.iter().map(|(s, _)| *s).collect(), settings.renew_deadline).await;
+            // Work that had to be cancelled may still have a request on its way: that shard's
+            // Lease is not renewed any more and expires, like at shutdown.
+            let unstopped = working_rx.borrow().clone();
+            let (release, left): (Vec<_>, Vec<_>) = release.into_iter().partition(|(s, _)| !unstopped.contains(s));
+            if !left.is_empty() {
+                warn!(shards = ?left.iter().map(|(s, _)| *s).collect::<Vec<_>>(), "leaving these shards' Leases to expire");
+            }
             futures::stream::iter(release)
                 .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |(shard, h)| {
                     let (leases, metrics) = (leases.clone(), metrics.clone());

@@ -400,13 +400,19 @@ where
         name: name.into(),
         source,
     })?;
-    if let Some(current) = current
-        && let (Ok(current), Ok(desired)) = (serde_json::to_value(&current), serde_json::to_value(object))
+    if let Some(current) = &current
+        && let (Ok(current), Ok(desired)) = (serde_json::to_value(current), serde_json::to_value(object))
         && covers(&current, &desired)
     {
         return Ok(());
     }
-    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object)).await.map(|_| ()).map_err(
+    // The version that was read goes with the apply: a deposed leader's late write (it read,
+    // lost the election, and its request arrived after the new leader changed the object)
+    // gets 409 instead of undoing the new leader's decision. A late creation is refused by
+    // the admission policies, which check the Tenant as it is when the write arrives.
+    let mut object = object.clone();
+    object.meta_mut().resource_version = current.and_then(|c| c.meta().resource_version.clone());
+    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&object)).await.map(|_| ()).map_err(
         |source| TenantError::Api { action: "applying", kind, namespace: namespace(), name: name.into(), source },
     )
 }
@@ -417,10 +423,13 @@ where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
     let error = |action, source| TenantError::Api { action, kind, namespace: String::new(), name: name.into(), source };
-    if api.get_opt(name).await.map_err(|source| error("reading", source))?.is_none() {
+    let Some(current) = api.get_opt(name).await.map_err(|source| error("reading", source))? else {
         return Ok(());
-    }
-    match api.delete(name, &DeleteParams::background()).await {
+    };
+    // Exactly the object that was read (uid and version): a deposed leader's late delete
+    // gets 409 if the new leader has re-created or changed it since.
+    let seen = Preconditions { uid: current.uid(), resource_version: current.resource_version() };
+    match api.delete(name, &DeleteParams { preconditions: Some(seen), ..DeleteParams::background() }).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(source) => Err(error("deleting", source)),

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::watch;
+use std::time::Duration;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::api::{NamespaceState, Tenant};
@@ -78,20 +80,19 @@ async fn converge_workers(
     shared: &Shared,
     fence: &Fence,
     tenants: &Store<Tenant>,
-) {
+    stop_within: Duration,
+) -> Vec<String> {
     let running: BTreeSet<String> = workers.keys().cloned().collect();
     let (start, stop) = changes(&running, wanted);
-    for ns in stop {
-        if let Some(w) = workers.remove(&ns) {
-            // Cancels in-flight reconciles and drops the namespace's watches at once: the shard
-            // may be about to belong to another replica.
-            info!(namespace = ns, "no longer served here (offboarded or shard gone); stopping its App controller");
-            let _ = w.stop.send(true);
-            w.task.abort();
-            let _ = w.task.await;
-            clients.packing.release(&ns);
-        }
+    let stopping: Vec<(String, NamespaceWorker)> =
+        stop.into_iter().filter_map(|ns| workers.remove(&ns).map(|w| (ns, w))).collect();
+    for (ns, _) in &stopping {
+        info!(namespace = ns, "no longer served here (offboarded or shard gone); stopping its App controller");
+        clients.packing.release(ns);
     }
+    // The shard's fence is already closed (no new write leaves); what is in flight gets a
+    // moment to be answered before the shard manager may hand the Lease to a peer.
+    let cancelled = stop_workers(stopping, stop_within).await;
     for ns in start {
         info!(namespace = ns, "onboarded; starting its App controller");
         let (stop_tx, mut stop_rx) = watch::channel(false);
@@ -109,6 +110,36 @@ async fn converge_workers(
     }
     shared.metrics.namespaces_served(workers.len());
     shared.metrics.namespace_connections(clients.packing.connections());
+    cancelled
+}
+
+/// Stops namespace controllers: all are told at once, and their reconciles get `within` to
+/// finish. What is still running then is cancelled; those namespaces are returned, because a
+/// request their reconciles sent may still land.
+async fn stop_workers(stopping: Vec<(String, NamespaceWorker)>, within: Duration) -> Vec<String> {
+    if stopping.is_empty() {
+        return Vec::new();
+    }
+    let deadline = tokio::time::Instant::now() + within;
+    let tasks: Vec<(String, JoinHandle<()>)> = stopping
+        .into_iter()
+        .map(|(ns, w)| {
+            let _ = w.stop.send(true);
+            (ns, w.task)
+        })
+        .collect();
+    futures::future::join_all(tasks.into_iter().map(|(ns, mut task)| async move {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_ok() {
+            return None;
+        }
+        task.abort();
+        let _ = task.await;
+        Some(ns)
+    }))
+    .await
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// What this replica may act on: the shards it holds, and the onboarded namespaces in them.
@@ -135,8 +166,13 @@ pub struct ServedConnections {
     pub client: Client,
     pub clients: Clients,
     pub namespaces_per_connection: usize,
-    /// How long the namespace controllers get to stop at shutdown before they are cancelled.
-    pub stop_within: std::time::Duration,
+    /// How long a namespace controller gets to stop (shard handed back, lost, or shutdown)
+    /// before its reconciles are cancelled.
+    pub stop_within: Duration,
+    /// How long a shard whose reconciles had to be cancelled is still reported as working,
+    /// so that the shard manager lets its Lease expire instead of releasing it: a request
+    /// those reconciles sent may still land. The lease duration.
+    pub cancelled_linger: Duration,
 }
 
 /// Channels of the supervisor.
@@ -162,10 +198,12 @@ pub async fn serve_onboarded_namespaces(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let ServedChannels { mut held_rx, working_tx, ownership_tx, fence } = channels;
-    let ServedConnections { client, clients, namespaces_per_connection, stop_within } = connections;
+    let ServedConnections { client, clients, namespaces_per_connection, stop_within, cancelled_linger } = connections;
     let (tenants, mut synced, events) = cache::<Tenant>(Api::all(client.clone()), watcher::Config::default(), ());
     let mut events = std::pin::pin!(events);
     let mut workers: BTreeMap<String, NamespaceWorker> = BTreeMap::new();
+    // Shards whose reconciles were cancelled, until when they still count as working.
+    let mut lingering: BTreeMap<u32, Instant> = BTreeMap::new();
     let mut namespace_clients =
         NamespaceClients { clients, fallback: client.clone(), packing: Packing::new(namespaces_per_connection) };
     loop {
@@ -194,8 +232,17 @@ pub async fn serve_onboarded_namespaces(
         let owners = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
         let wanted: BTreeSet<String> =
             owners.keys().filter(|ns| held.contains(&shard_of(ns, shards))).cloned().collect();
-        converge_workers(&mut workers, &wanted, &owners, &mut namespace_clients, &shared, &fence, &tenants).await;
-        let working: BTreeSet<u32> = workers.keys().map(|ns| shard_of(ns, shards)).collect();
+        let cancelled =
+            converge_workers(&mut workers, &wanted, &owners, &mut namespace_clients, &shared, &fence, &tenants, stop_within)
+                .await;
+        if !cancelled.is_empty() {
+            warn!(namespaces = ?cancelled, "cancelled reconciles may still have writes on their way: their shards count as working for a lease duration, so their Leases expire instead of being released");
+        }
+        let now = Instant::now();
+        lingering.extend(cancelled.iter().map(|ns| (shard_of(ns, shards), now + cancelled_linger)));
+        lingering.retain(|_, until| *until > now);
+        let working: BTreeSet<u32> =
+            workers.keys().map(|ns| shard_of(ns, shards)).chain(lingering.keys().copied()).collect();
         working_tx.send_replace(working);
         let onboarded = Arc::new(owners.keys().cloned().collect());
         let ownership = Ownership { shards, held, served: wanted, onboarded };
@@ -216,26 +263,7 @@ pub async fn serve_onboarded_namespaces(
     // up to --request-timeout, or for caches whose watches the shutdown stopped), and its
     // shards are not reported stopped: a request it sent may still land, so the shard
     // manager lets their Leases expire instead of releasing them.
-    let deadline = tokio::time::Instant::now() + stop_within;
-    let tasks: Vec<(String, JoinHandle<()>)> = workers
-        .into_iter()
-        .map(|(ns, w)| {
-            let _ = w.stop.send(true);
-            (ns, w.task)
-        })
-        .collect();
-    let cancelled: Vec<String> = futures::future::join_all(tasks.into_iter().map(|(ns, mut task)| async move {
-        if tokio::time::timeout_at(deadline, &mut task).await.is_ok() {
-            return None;
-        }
-        task.abort();
-        let _ = task.await;
-        Some(ns)
-    }))
-    .await
-    .into_iter()
-    .flatten()
-    .collect();
+    let cancelled = stop_workers(workers.into_iter().collect(), stop_within).await;
     if cancelled.is_empty() {
         working_tx.send_replace(BTreeSet::new());
     } else {
