@@ -1,7 +1,7 @@
 //! Conversion between the served versions, lossless both ways.
 //!
-//! `v1beta1` can say two things `v1alpha1` cannot: a progress deadline in any unit (`10m`,
-//! `1500ms`) and `spec.rollout.historyLimit`. When an object goes down to `v1alpha1`, those
+//! `v1beta1` can say three things `v1alpha1` cannot: a progress deadline in any unit (`10m`,
+//! `1500ms`), `spec.rollout.historyLimit` and `spec.template`. When an object goes down to `v1alpha1`, those
 //! are kept in the annotation [`ANNOTATION_V1BETA1_FIELDS`]; on the way back up they are
 //! restored from it (only values `v1beta1` accepts, and the deadline only if the `v1alpha1`
 //! object still asks for the same number of seconds) and the annotation is removed. So
@@ -39,6 +39,14 @@ struct V1beta1Fields {
     /// `spec.rollout: {}`, which `v1alpha1` has no place for.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     empty_rollout: bool,
+    /// `spec.template`, as it was (`null` included).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    template: Option<Value>,
+}
+
+/// A field that is present, even as `null` (which `Option`'s own deserializer reads as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 /// Why an object could not be converted; the message goes back to the apiserver, which shows it
@@ -130,6 +138,9 @@ pub fn app_spec_to_v1beta1(spec: &mut Map<String, Value>, annotations: &mut Anno
     if !rollout.is_empty() || kept.empty_rollout {
         spec.insert("rollout".into(), Value::Object(rollout));
     }
+    if let Some(template) = kept.template {
+        spec.insert("template".into(), template);
+    }
     Ok(())
 }
 
@@ -168,6 +179,7 @@ pub fn app_spec_to_v1alpha1(spec: &mut Map<String, Value>, annotations: &mut Ann
             Some(_) => return Err(wrong("spec.rollout.historyLimit", "an integer")),
         }
     }
+    kept.template = spec.remove("template");
     annotations.remove(ANNOTATION_V1BETA1_FIELDS);
     if kept != V1beta1Fields::default()
         && let Ok(text) = serde_json::to_string(&kept)

@@ -8,7 +8,10 @@ use crate::api::tenant::{
     EnforceLevel, NonNegativeQuantity, PodSecurity, PodSecurityLevel, PrometheusIsolation, Subject, SubjectKind,
     TenantPrometheus, TenantQuota,
 };
+use crate::api::template::{PodTemplate, TemplateMetadata};
 use crate::api::v1alpha1;
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::api::{Autoscaling, NamespaceRemovalPolicy};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::collection::{btree_map, vec};
@@ -91,8 +94,46 @@ fn common() -> impl Strategy<Value = Common> {
     )
 }
 
+/// A pod template: containers (the first named `app`) with env and resources, labels,
+/// annotations, a node selector.
+fn template() -> impl Strategy<Value = PodTemplate> {
+    (
+        vec(("[a-z]{1,8}", "[ -~]{0,12}"), 0..3),
+        of("[1-9][0-9]{0,2}m"),
+        0..3usize,
+        of(btree_map("team/[a-z]{1,5}", "[a-z0-9]{0,5}", 1..3)),
+        pod_annotations(),
+        of(btree_map("[a-z]{1,5}", "[a-z]{1,5}", 1..2)),
+    )
+        .prop_map(|(env, cpu, sidecars, labels, annotations, node_selector)| {
+            let main = Container {
+                name: "app".into(),
+                env: (!env.is_empty())
+                    .then(|| env.into_iter().map(|(name, value)| EnvVar { name, value: Some(value), value_from: None }).collect()),
+                resources: cpu.map(|cpu| ResourceRequirements {
+                    requests: Some(BTreeMap::from([("cpu".to_string(), Quantity(cpu))])),
+                    ..ResourceRequirements::default()
+                }),
+                ..Container::default()
+            };
+            let sidecars = (0..sidecars).map(|i| Container {
+                name: format!("sidecar{i}"),
+                image: Some(format!("sidecar:{i}")),
+                ..Container::default()
+            });
+            PodTemplate {
+                metadata: (labels.is_some() || annotations.is_some()).then_some(TemplateMetadata { labels, annotations }),
+                spec: Some(PodSpec {
+                    containers: std::iter::once(main).chain(sidecars).collect(),
+                    node_selector,
+                    ..PodSpec::default()
+                }),
+            }
+        })
+}
+
 fn beta_app() -> impl Strategy<Value = v1beta1::AppSpec> {
-    (common(), of(strategy()), of(analysis()), of(any::<bool>()), of(deadline_text()), of(1..=50i32)).prop_map(
+    (common(), of(strategy()), of(analysis()), of(any::<bool>()), of(deadline_text()), of(1..=50i32), of(template())).prop_map(
         |(
             (image, version, replicas, autoscaling, port, min_ready_seconds, pod_annotations),
             strategy,
@@ -100,6 +141,7 @@ fn beta_app() -> impl Strategy<Value = v1beta1::AppSpec> {
             auto_rollback,
             progress_deadline,
             history_limit,
+            template,
         )| {
             v1beta1::AppSpec {
                 image,
@@ -109,6 +151,7 @@ fn beta_app() -> impl Strategy<Value = v1beta1::AppSpec> {
                 port,
                 min_ready_seconds,
                 pod_annotations,
+                template,
                 rollout: v1beta1::RolloutSpec { strategy, analysis, auto_rollback, progress_deadline, history_limit },
             }
         },

@@ -8,6 +8,7 @@ pub mod conditions;
 pub mod conversion;
 pub mod crds;
 pub mod rollout;
+pub mod template;
 pub mod tenant;
 pub mod v1alpha1;
 pub mod v1beta1;
@@ -23,6 +24,7 @@ pub use tenant::{
     TenantStatus,
 };
 pub use tenant::{PrometheusIsolation, TenantPrometheus};
+pub use template::{PodTemplate, TemplateMetadata};
 pub use v1beta1::{App, AppSpec, NamespaceRemovalPolicy, RolloutSpec, Tenant, TenantSpec};
 
 /// API group of every Flotilla resource.

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use super::app::{AppStatus, Autoscaling};
 use super::rollout::{Analysis, Strategy};
+use super::template::PodTemplate;
 use super::tenant::{PodSecurity, Subject, TenantPrometheus, TenantQuota, TenantStatus};
 use crate::rollout::duration::{self, DurationError};
 
@@ -77,6 +78,14 @@ pub struct AppSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("maxProperties" = 64))]
     pub pod_annotations: Option<std::collections::BTreeMap<String, String>>,
+
+    /// The App's pod, as a Kubernetes pod template: containers (the main one, named `app` or
+    /// the only one, runs `image` at `version`; sidecars), init containers, volumes, env,
+    /// resources, probes, securityContext, nodeSelector, tolerations, affinity and the rest of
+    /// a PodSpec. Flotilla adds its labels, the main container's image and its `http` port
+    /// (`port`), and Pod Security `restricted` defaults where the template sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodTemplate>,
 
     /// How a new `version` is rolled out and checked: strategy, Prometheus analysis, rollback and deadline.
     #[serde(default, skip_serializing_if = "RolloutSpec::is_empty")]

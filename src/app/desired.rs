@@ -6,7 +6,7 @@ use k8s_openapi::api::autoscaling::v2::{
     ResourceMetricSource,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    Capabilities, Container, ContainerPort, PodSecurityContext, PodTemplateSpec, SeccompProfile,
     SecurityContext, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
 
 use super::names::{self, Track};
+use crate::api::template::main_container;
 use crate::api::{App, Strategy};
 
 /// Default target of the autoscaler when the App names none.
@@ -76,7 +77,6 @@ pub fn fixed_replicas(app: &App) -> Option<i32> {
 pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deployment {
     let spec = &app.spec;
     let labels = names::labels(&id.name, &shape.version, shape.track);
-    let port = spec.port.unwrap_or(names::DEFAULT_APP_PORT);
     let strategy = match (spec.strategy(), shape.track) {
         (Some(Strategy { rolling: Some(r), .. }), Track::Stable) => Some(DeploymentStrategy {
             type_: Some("RollingUpdate".into()),
@@ -87,8 +87,11 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
         }),
         _ => None,
     };
+    let template = pod_template(app, &shape.version, labels.clone());
+    let mut metadata = id.meta(names::deployment_name(&id.name, shape.track), labels);
+    metadata.annotations = Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), template_hash(&template))]));
     Deployment {
-        metadata: id.meta(names::deployment_name(&id.name, shape.track), labels.clone()),
+        metadata,
         spec: Some(DeploymentSpec {
             replicas: shape.replicas,
             selector: LabelSelector {
@@ -99,33 +102,84 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
             min_ready_seconds: spec.min_ready_seconds,
             progress_deadline_seconds: spec.rollout.progress_deadline_seconds(),
             paused: shape.paused.then_some(true),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    annotations: spec.pod_annotations.clone().filter(|a| !a.is_empty()),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    containers: vec![Container {
-                        name: names::CONTAINER_NAME.into(),
-                        image: Some(names::image_ref(&spec.image, &shape.version)),
-                        ports: Some(vec![ContainerPort {
-                            name: Some("http".into()),
-                            container_port: port,
-                            ..ContainerPort::default()
-                        }]),
-                        security_context: Some(container_security_context()),
-                        ..Container::default()
-                    }],
-                    security_context: Some(pod_security_context()),
-                    automount_service_account_token: Some(false),
-                    ..PodSpec::default()
-                }),
-            },
+            template,
             ..DeploymentSpec::default()
         }),
         status: None,
     }
+}
+
+/// The pods of one of the App's Deployments: the App's template (if any) with Flotilla's
+/// labels, the main container running the image at `version` with its `http` port, and the
+/// Pod Security `restricted` settings wherever the template leaves them unset.
+pub fn pod_template(app: &App, version: &str, labels: BTreeMap<String, String>) -> PodTemplateSpec {
+    let spec = &app.spec;
+    let template = spec.template.as_ref();
+    let meta = template.and_then(|t| t.metadata.as_ref());
+    let mut pod_labels = meta.and_then(|m| m.labels.clone()).unwrap_or_default();
+    pod_labels.extend(labels);
+    let mut annotations = meta.and_then(|m| m.annotations.clone()).unwrap_or_default();
+    annotations.extend(spec.pod_annotations.clone().unwrap_or_default());
+    let mut pod = template.and_then(|t| t.spec.clone()).unwrap_or_default();
+    let main = match main_container(&pod.containers) {
+        Some(i) => i,
+        None => {
+            pod.containers.insert(0, Container { name: names::CONTAINER_NAME.into(), ..Container::default() });
+            0
+        }
+    };
+    let port = spec.port.unwrap_or(names::DEFAULT_APP_PORT);
+    if let Some(c) = pod.containers.get_mut(main) {
+        c.image = Some(names::image_ref(&spec.image, version));
+        let http = ContainerPort { name: Some("http".into()), container_port: port, ..ContainerPort::default() };
+        let others = c.ports.take().into_iter().flatten().filter(|p| p.name.as_deref() != Some("http") && p.container_port != port);
+        c.ports = Some(std::iter::once(http).chain(others).collect());
+    }
+    let root_asked = pod.security_context.as_ref().and_then(|s| s.run_as_user) == Some(0)
+        || pod.containers.iter().any(|c| c.security_context.as_ref().and_then(|s| s.run_as_user) == Some(0));
+    let pod_sc = pod.security_context.get_or_insert_with(PodSecurityContext::default);
+    if pod_sc.run_as_non_root.is_none() && !root_asked {
+        pod_sc.run_as_non_root = Some(true);
+    }
+    if pod_sc.seccomp_profile.is_none() {
+        pod_sc.seccomp_profile = pod_security_context().seccomp_profile;
+    }
+    for c in pod.containers.iter_mut().chain(pod.init_containers.iter_mut().flatten()) {
+        harden(c);
+    }
+    pod.automount_service_account_token = pod.automount_service_account_token.or(Some(false));
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(pod),
+    }
+}
+
+/// Fills in the `restricted` settings a container leaves unset: no privilege escalation
+/// (unless it asks for privileges, where the apiserver refuses that combination) and every
+/// capability dropped (capabilities it adds are kept).
+fn harden(c: &mut Container) {
+    let sc = c.security_context.get_or_insert_with(SecurityContext::default);
+    let needs_escalation = sc.privileged == Some(true)
+        || sc.capabilities.as_ref().and_then(|caps| caps.add.as_ref()).is_some_and(|add| add.iter().any(|a| a == "SYS_ADMIN" || a == "CAP_SYS_ADMIN"));
+    if sc.allow_privilege_escalation.is_none() && !needs_escalation {
+        sc.allow_privilege_escalation = Some(false);
+    }
+    let caps = sc.capabilities.get_or_insert_with(Capabilities::default);
+    if caps.drop.is_none() {
+        caps.drop = Some(vec!["ALL".into()]);
+    }
+}
+
+/// A short fingerprint of a pod template, kept on the Deployment: a change of the App's
+/// template shows as a different fingerprint (the apiserver's defaults make the template
+/// itself uncomparable).
+pub fn template_hash(template: &PodTemplateSpec) -> String {
+    let bytes = serde_json::to_vec(template).unwrap_or_default();
+    format!("{:016x}", crate::sharding::hash::fnv1a64(&bytes))
 }
 
 /// Pod-level settings that, with [`container_security_context`], pass the Pod Security
@@ -266,15 +320,13 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
         d.template
             .spec
             .as_ref()
-            .and_then(|p| p.containers.iter().find(|c| c.name == names::CONTAINER_NAME).and_then(|c| c.image.clone()))
+            .and_then(|p| main_container(&p.containers).and_then(|i| p.containers[i].image.clone()))
     };
     diff(&mut out, "spec.template.spec.containers[app].image", image(have), image(want));
     let port = |d: &DeploymentSpec| {
         d.template.spec.as_ref().and_then(|p| {
-            p.containers
-                .iter()
-                .find(|c| c.name == names::CONTAINER_NAME)
-                .and_then(|c| c.ports.as_ref()?.first().map(|p| p.container_port))
+            main_container(&p.containers)
+                .and_then(|i| p.containers[i].ports.as_ref()?.first().map(|p| p.container_port))
         })
     };
     diff(&mut out, "spec.template.spec.containers[app].ports", port(have), port(want));
@@ -285,7 +337,7 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
     let hardening = |d: &DeploymentSpec| {
         d.template.spec.as_ref().map(|p| {
             let pod = p.security_context.as_ref();
-            let container = p.containers.iter().find(|c| c.name == names::CONTAINER_NAME);
+            let container = main_container(&p.containers).map(|i| &p.containers[i]);
             let sc = container.and_then(|c| c.security_context.as_ref());
             (
                 pod.and_then(|s| s.run_as_non_root),
@@ -302,6 +354,10 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
             observed: "changed".into(),
             desired: "restricted".into(),
         });
+    }
+    let hash = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_TEMPLATE_HASH).cloned());
+    if hash(&desired.metadata).is_some() {
+        diff(&mut out, "spec.template", hash(&observed.metadata), hash(&desired.metadata));
     }
     diff(&mut out, "spec.paused", have.paused.unwrap_or(false).then_some(true), want.paused);
     if want.min_ready_seconds.is_some() || have.min_ready_seconds.unwrap_or(0) != 0 {
@@ -403,6 +459,7 @@ pub fn hpa_differences(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
 
     /// The stable Deployment running `spec.version` as the App asks (no rollout under way).
     fn desired_deployment(app: &App, id: &AppIdentity) -> Deployment {
@@ -432,6 +489,118 @@ mod tests {
         app.metadata.uid = Some("uid-1".into());
         let id = AppIdentity::of(&app).expect("identity");
         (app, id)
+    }
+
+    /// An App with a template as a team would write one: env, resources, a probe, a volume
+    /// from a ConfigMap, a sidecar, a node selector, labels and annotations.
+    fn templated(main: &str) -> (App, AppIdentity) {
+        let (mut app, id) = app(Some(2), None);
+        let template: crate::api::PodTemplate = serde_json::from_value(serde_json::json!({
+            "metadata": {"labels": {"team": "payments"}, "annotations": {"example.com/owner": "pay"}},
+            "spec": {
+                "nodeSelector": {"pool": "general"},
+                "volumes": [{"name": "config", "configMap": {"name": "checkout-config"}}],
+                "containers": [
+                    {"name": "proxy", "image": "envoy:1.30", "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}}},
+                    {
+                        "name": main,
+                        "env": [{"name": "MODE", "value": "live"}],
+                        "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}},
+                        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}},
+                        "volumeMounts": [{"name": "config", "mountPath": "/etc/checkout"}],
+                        "ports": [{"name": "metrics", "containerPort": 9090}]
+                    }
+                ]
+            }
+        }))
+        .expect("template");
+        app.spec.template = Some(template);
+        (app, id)
+    }
+
+    fn pod_of(d: &Deployment) -> &k8s_openapi::api::core::v1::PodSpec {
+        d.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("pod")
+    }
+
+    #[test]
+    fn the_template_is_rendered_with_the_image_port_labels_and_defaults() {
+        let (app, id) = templated("app");
+        let d = desired_deployment(&app, &id);
+        let pod = pod_of(&d);
+        assert_eq!(pod.node_selector.as_ref().and_then(|n| n.get("pool")).map(String::as_str), Some("general"));
+        assert_eq!(pod.volumes.as_ref().map(Vec::len), Some(1));
+        let main = &pod.containers[1];
+        assert_eq!(main.name, "app");
+        assert_eq!(main.image.as_deref(), Some("registry.example.com/checkout:1.4.2"));
+        let ports: Vec<(Option<&str>, i32)> =
+            main.ports.iter().flatten().map(|p| (p.name.as_deref(), p.container_port)).collect();
+        assert_eq!(ports, [(Some("http"), 8080), (Some("metrics"), 9090)], "the http port first, the template's kept");
+        assert!(main.readiness_probe.is_some() && main.env.is_some() && main.resources.is_some());
+        // The sidecar keeps its image and the capability it adds; everything else is dropped.
+        let proxy = &pod.containers[0];
+        assert_eq!(proxy.image.as_deref(), Some("envoy:1.30"));
+        let caps = proxy.security_context.as_ref().and_then(|s| s.capabilities.clone()).expect("caps");
+        assert_eq!((caps.add, caps.drop), (Some(vec!["NET_BIND_SERVICE".into()]), Some(vec!["ALL".into()])));
+        for c in &pod.containers {
+            assert_eq!(c.security_context.as_ref().and_then(|s| s.allow_privilege_escalation), Some(false), "{}", c.name);
+        }
+        let sc = pod.security_context.as_ref().expect("pod securityContext");
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let meta = d.spec.as_ref().and_then(|s| s.template.metadata.as_ref()).expect("meta");
+        let labels = meta.labels.as_ref().expect("labels");
+        assert_eq!(labels.get("team").map(String::as_str), Some("payments"));
+        assert_eq!(labels.get(names::LABEL_NAME).map(String::as_str), Some("checkout"));
+        assert!(meta.annotations.as_ref().is_some_and(|a| a.contains_key("example.com/owner")));
+        assert!(deployment_differences(&d, Some(&d)).is_empty());
+    }
+
+    #[test]
+    fn the_only_container_is_the_main_one_whatever_its_name() {
+        let (mut app, id) = templated("web");
+        if let Some(pod) = app.spec.template.as_mut().and_then(|t| t.spec.as_mut()) {
+            pod.containers.remove(0);
+        }
+        let d = desired_deployment(&app, &id);
+        let pod = pod_of(&d);
+        assert_eq!(pod.containers.len(), 1);
+        assert_eq!(pod.containers[0].name, "web");
+        assert_eq!(pod.containers[0].image.as_deref(), Some("registry.example.com/checkout:1.4.2"));
+    }
+
+    #[test]
+    fn the_templates_own_security_settings_win() {
+        let (mut app, id) = templated("app");
+        if let Some(pod) = app.spec.template.as_mut().and_then(|t| t.spec.as_mut()) {
+            pod.security_context = Some(PodSecurityContext { run_as_user: Some(0), ..PodSecurityContext::default() });
+            pod.automount_service_account_token = Some(true);
+            pod.containers[0].security_context =
+                Some(SecurityContext { privileged: Some(true), ..SecurityContext::default() });
+        }
+        let d = desired_deployment(&app, &id);
+        let pod = pod_of(&d);
+        let sc = pod.security_context.as_ref().expect("sc");
+        assert_eq!(sc.run_as_non_root, None, "runAsUser 0 asked: no runAsNonRoot that the kubelet would refuse");
+        assert_eq!(pod.automount_service_account_token, Some(true));
+        let proxy = pod.containers[0].security_context.as_ref().expect("sc");
+        assert_eq!(proxy.allow_privilege_escalation, None, "privileged: the apiserver refuses escalation false");
+    }
+
+    #[test]
+    fn a_change_of_the_template_is_a_difference() {
+        let (app, id) = templated("app");
+        let before = desired_deployment(&app, &id);
+        let mut changed = app.clone();
+        if let Some(pod) = changed.spec.template.as_mut().and_then(|t| t.spec.as_mut()) {
+            pod.containers[1].env = Some(vec![k8s_openapi::api::core::v1::EnvVar {
+                name: "MODE".into(),
+                value: Some("dry-run".into()),
+                value_from: None,
+            }]);
+        }
+        let after = desired_deployment(&changed, &id);
+        let fields: Vec<&str> = deployment_differences(&after, Some(&before)).iter().map(|d| d.field).collect();
+        assert_eq!(fields, ["spec.template"]);
     }
 
     #[test]

@@ -19,8 +19,8 @@ pub enum ReconcileError {
         #[source]
         source: crate::rollout::duration::DurationError,
     },
-    #[error("App {namespace}/{name}: {}", crate::app::pod_policy::PodPolicy::message(.keys))]
-    PodAnnotationsDenied { namespace: String, name: String, keys: Vec<String> },
+    #[error("App {namespace}/{name}: {}", crate::app::pod_policy::PodPolicy::message(.field, .keys))]
+    PodAnnotationsDenied { namespace: String, name: String, field: &'static str, keys: Vec<String> },
     #[error("App {namespace}/{name} has no uid yet")]
     NotStored { namespace: String, name: String },
     #[error("not writing in namespace {namespace}: this replica's hold on its shard is not current (fenced)")]

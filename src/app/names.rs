@@ -9,6 +9,10 @@ pub const MANAGED_BY: &str = "flotilla";
 /// Name of the application container in the pod template.
 pub const CONTAINER_NAME: &str = "app";
 
+/// Annotation on an App's Deployments: the fingerprint of the pod template the operator
+/// rendered (see `desired::template_hash`).
+pub const ANNOTATION_TEMPLATE_HASH: &str = "flotilla.dev/template-hash";
+
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 pub const LABEL_VERSION: &str = "app.kubernetes.io/version";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";

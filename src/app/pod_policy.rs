@@ -79,9 +79,9 @@ impl PodPolicy {
     }
 
     /// Why an App with these denied annotation keys is refused (for status and Events).
-    pub fn message(denied: &[String]) -> String {
+    pub fn message(field: &str, denied: &[String]) -> String {
         format!(
-            "spec.podAnnotations: {} may not be set by a tenant (the operator refuses annotations starting with a prefix of --denied-pod-annotation-prefixes); remove {} and the App is reconciled again. Nothing of this App's spec was applied.",
+            "{field}: {} may not be set by a tenant (the operator refuses annotations starting with a prefix of --denied-pod-annotation-prefixes); remove {} and the App is reconciled again. Nothing of this App's spec was applied.",
             denied.join(", "),
             if denied.len() == 1 { "it" } else { "them" }
         )
@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn the_message_names_the_field_and_every_key() {
-        let m = PodPolicy::message(&keys(&["a.io/x", "b.io/y"]));
+        let m = PodPolicy::message("spec.podAnnotations", &keys(&["a.io/x", "b.io/y"]));
         assert!(m.starts_with("spec.podAnnotations: a.io/x, b.io/y may not be set"), "{m}");
     }
 }

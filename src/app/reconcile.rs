@@ -121,10 +121,19 @@ async fn reconcile_app(
 
     // Refused before anything is planned: pods with an annotation the platform reserves are
     // never rendered, and what runs stays as it is.
-    let denied = ctx.pod_policy.denied(app.spec.pod_annotations.iter().flatten().map(|(k, _)| k));
-    if !denied.is_empty() {
-        let err =
-            ReconcileError::PodAnnotationsDenied { namespace: namespace.clone(), name: name.clone(), keys: denied };
+    let denied = [
+        ("spec.podAnnotations", ctx.pod_policy.denied(app.spec.pod_annotations.iter().flatten().map(|(k, _)| k))),
+        (
+            "spec.template.metadata.annotations",
+            ctx.pod_policy.denied(app.spec.template.iter().flat_map(|t| t.annotation_keys())),
+        ),
+        // Some meshes read their opt-outs from pod labels too (sidecar.istio.io/inject).
+        ("spec.template.metadata.labels", ctx.pod_policy.denied(app.spec.template.iter().flat_map(|t| t.label_keys()))),
+    ]
+    .into_iter()
+    .find(|(_, keys)| !keys.is_empty());
+    if let Some((field, keys)) = denied {
+        let err = ReconcileError::PodAnnotationsDenied { namespace: namespace.clone(), name: name.clone(), field, keys };
         return Err(refuse(&app, ctx, err).await);
     }
 

@@ -15,6 +15,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::time::Duration;
 
@@ -274,6 +275,13 @@ impl Planner<'_> {
             && let (Some(spec), Some(have)) = (d.spec.as_mut(), observed.spec.as_ref())
         {
             spec.template = have.template.clone();
+            // With the template, its fingerprint: the one the observed pods were made from.
+            d.metadata.annotations = observed
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(names::ANNOTATION_TEMPLATE_HASH))
+                .map(|h| BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), h.clone())]));
         }
         d
     }

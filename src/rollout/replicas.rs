@@ -6,7 +6,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 
 use crate::api::App;
-use crate::app::names;
 
 /// Replicas the App runs in all: `spec.replicas`, or with autoscaling the autoscaler's
 /// current choice (what it set on the stable Deployment, else its desired count), within its
@@ -57,16 +56,8 @@ pub struct Readiness {
 
 /// The image of the application container.
 pub fn image_of(d: &Deployment) -> Option<&str> {
-    d.spec
-        .as_ref()?
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == names::CONTAINER_NAME)?
-        .image
-        .as_deref()
+    let containers = &d.spec.as_ref()?.template.spec.as_ref()?.containers;
+    containers.get(crate::api::template::main_container(containers)?)?.image.as_deref()
 }
 
 /// Ready pods of a Deployment, of any template (0 when it is missing).

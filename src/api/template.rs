@@ -1,0 +1,131 @@
+//! `spec.template` of an App: the pod it runs, as a Kubernetes pod template (labels,
+//! annotations and a full PodSpec). The App's `image` at `version` goes into the main
+//! container: the one named `app`, or the only one.
+//!
+//! The schema is Kubernetes' own PodSpec schema, without its descriptions (they would make
+//! the CRD several times larger) and with bounds on the lists the CRD's rules walk, so that
+//! the apiserver can price those rules. The apiserver validates the rest of the pod when it
+//! validates the Deployment the operator writes.
+
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use kube::KubeSchema;
+use schemars::{Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Name of the main container when the template has several.
+pub const MAIN_CONTAINER: &str = "app";
+/// Most containers (or init containers) a template may list.
+pub const MAX_CONTAINERS: u64 = 16;
+
+/// The pod an App runs: labels and annotations for its pods and a PodSpec. The main
+/// container (named `app`, or the only one) runs `spec.image` at `spec.version`; leave its
+/// `image` unset.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.spec) || self.spec.containers.size() == 1 || self.spec.containers.exists(c, c.name == 'app')").message("spec.template.spec.containers: with more than one container, one must be named app (it runs spec.image at spec.version)").reason(kube::core::Reason::FieldValueInvalid).field_path(".spec.containers"))]
+#[x_kube(validation = Rule::new("!has(self.spec) || self.spec.containers.all(c, (c.name == 'app' || self.spec.containers.size() == 1) != has(c.image))").message("spec.template.spec.containers: the main container (named app, or the only one) must not set image, which is spec.image at spec.version; every other container must set one").reason(kube::core::Reason::FieldValueInvalid).field_path(".spec.containers"))]
+#[x_kube(validation = Rule::new("!has(self.spec) || !has(self.spec.initContainers) || self.spec.initContainers.all(c, has(c.image))").message("spec.template.spec.initContainers: every init container must set image").reason(kube::core::Reason::FieldValueInvalid).field_path(".spec.initContainers"))]
+pub struct PodTemplate {
+    /// Labels and annotations of the App's pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMetadata>,
+    /// The pod's spec (Kubernetes PodSpec). `containers` lists at least the main container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "pod_spec_schema")]
+    pub spec: Option<PodSpec>,
+}
+
+/// Labels and annotations of the App's pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct TemplateMetadata {
+    /// Labels of the App's pods. The labels Flotilla selects pods by
+    /// (`app.kubernetes.io/name`, `app.kubernetes.io/version`, `app.kubernetes.io/managed-by`,
+    /// and `flotilla.dev/*`) are the operator's and cannot be set here. At most 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 64))]
+    #[x_kube(validation = Rule::new("self.all(k, !(k in ['app.kubernetes.io/name', 'app.kubernetes.io/version', 'app.kubernetes.io/managed-by']) && !k.startsWith('flotilla.dev/'))").message("spec.template.metadata.labels: app.kubernetes.io/name, app.kubernetes.io/version, app.kubernetes.io/managed-by and flotilla.dev/* are set by the operator (it selects the App's pods by them)").reason(kube::core::Reason::FieldValueForbidden))]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Annotations of the App's pods (merged with `spec.podAnnotations`, which wins). At most 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+impl PodTemplate {
+    /// Label keys the template sets on pods.
+    pub fn label_keys(&self) -> impl Iterator<Item = &String> {
+        self.metadata.iter().flat_map(|m| m.labels.iter().flatten()).map(|(k, _)| k)
+    }
+
+    /// Annotation keys the template sets on pods.
+    pub fn annotation_keys(&self) -> impl Iterator<Item = &String> {
+        self.metadata.iter().flat_map(|m| m.annotations.iter().flatten()).map(|(k, _)| k)
+    }
+}
+
+/// Index of the main container in `containers`: the one named `app`, else the only one.
+/// `None` when neither exists (the CRD refuses such templates).
+pub fn main_container(containers: &[Container]) -> Option<usize> {
+    containers.iter().position(|c| c.name == MAIN_CONTAINER).or((containers.len() == 1).then_some(0))
+}
+
+/// Kubernetes' PodSpec schema, lean enough for a CRD: see the module's documentation.
+fn pod_spec_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut value = generator.subschema_for::<PodSpec>().to_value();
+    lean(&mut value);
+    if let Some(properties) = value.get_mut("properties").and_then(Value::as_object_mut) {
+        for list in ["containers", "initContainers", "ephemeralContainers"] {
+            if let Some(p) = properties.get_mut(list).and_then(Value::as_object_mut) {
+                p.insert("maxItems".into(), Value::from(MAX_CONTAINERS));
+                if let Some(name) = p.get_mut("items").and_then(|i| i.pointer_mut("/properties/name")).and_then(Value::as_object_mut) {
+                    name.insert("maxLength".into(), Value::from(63));
+                }
+            }
+        }
+    }
+    Schema::try_from(value).unwrap_or_else(|_| Schema::default())
+}
+
+/// Drops descriptions and list-map markers from a schema, recursively through its
+/// subschemas (not through the names of properties).
+fn lean(schema: &mut Value) {
+    let Some(map) = schema.as_object_mut() else { return };
+    map.remove("description");
+    // Server-side apply of the App treats these lists as atomic; the apiserver checks the
+    // uniqueness of container names and ports when it validates the Deployment.
+    map.remove("x-kubernetes-list-type");
+    map.remove("x-kubernetes-list-map-keys");
+    map.remove("x-kubernetes-patch-strategy");
+    map.remove("x-kubernetes-patch-merge-key");
+    if let Some(Value::Object(properties)) = map.get_mut("properties") {
+        properties.values_mut().for_each(lean);
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(sub) = map.get_mut(key) {
+            lean(sub);
+        }
+    }
+    for key in ["allOf", "anyOf", "oneOf"] {
+        if let Some(Value::Array(subs)) = map.get_mut(key) {
+            subs.iter_mut().for_each(lean);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(name: &str) -> Container {
+        Container { name: name.into(), ..Container::default() }
+    }
+
+    #[test]
+    fn the_main_container_is_app_or_the_only_one() {
+        assert_eq!(main_container(&[container("web")]), Some(0));
+        assert_eq!(main_container(&[container("proxy"), container("app")]), Some(1));
+        assert_eq!(main_container(&[container("proxy"), container("web")]), None);
+        assert_eq!(main_container(&[]), None);
+    }
+}
