@@ -211,6 +211,7 @@ fn main() -> ExitCode {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,
                     },
+                    network_allowed_namespaces: args.network_policy_allowed_namespaces,
                     protection: flotilla::tenancy::claim::Protection {
                         names: args.protected_namespaces,
                         labels: args.protected_namespace_labels,

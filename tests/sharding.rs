@@ -328,7 +328,8 @@ async fn shards_fail_over_hand_off_and_rebalance() {
         .min();
     // Shard work only: the Tenant controller (RoleBindings, quotas, namespaces, Tenants) is the
     // singleton, unfenced by design, and the paused replica may still legitimately lead it.
-    let singleton = ["leases", "rolebindings", "resourcequotas", "namespaces", "tenants"];
+    let singleton =
+        ["leases", "rolebindings", "resourcequotas", "limitranges", "networkpolicies", "namespaces", "tenants"];
     let stale: Vec<&AuditWrite> = events
         .iter()
         .filter(|e| {

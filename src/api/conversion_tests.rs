@@ -4,15 +4,15 @@ use super::*;
 use crate::api::rollout::{
     Analysis, CanaryStep, CanaryStrategy, MetricCheck, RollingStrategy, Strategy as Rollout, StrategyType,
 };
-use crate::api::tenant::{
-    EnforceLevel, NonNegativeQuantity, PodSecurity, PodSecurityLevel, PrometheusIsolation, Subject, SubjectKind,
-    TenantPrometheus, TenantQuota,
-};
 use crate::api::template::{PodTemplate, TemplateMetadata};
+use crate::api::tenant::{
+    EnforceLevel, NetworkIsolation, NonNegativeQuantity, PodSecurity, PodSecurityLevel, PrometheusIsolation, Subject,
+    SubjectKind, TenantLimitRange, TenantNetworkPolicy, TenantPrometheus, TenantQuota,
+};
 use crate::api::v1alpha1;
+use crate::api::{Autoscaling, NamespaceRemovalPolicy};
 use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use crate::api::{Autoscaling, NamespaceRemovalPolicy};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -108,8 +108,9 @@ fn template() -> impl Strategy<Value = PodTemplate> {
         .prop_map(|(env, cpu, sidecars, labels, annotations, node_selector)| {
             let main = Container {
                 name: "app".into(),
-                env: (!env.is_empty())
-                    .then(|| env.into_iter().map(|(name, value)| EnvVar { name, value: Some(value), value_from: None }).collect()),
+                env: (!env.is_empty()).then(|| {
+                    env.into_iter().map(|(name, value)| EnvVar { name, value: Some(value), value_from: None }).collect()
+                }),
                 resources: cpu.map(|cpu| ResourceRequirements {
                     requests: Some(BTreeMap::from([("cpu".to_string(), Quantity(cpu))])),
                     ..ResourceRequirements::default()
@@ -122,7 +123,8 @@ fn template() -> impl Strategy<Value = PodTemplate> {
                 ..Container::default()
             });
             PodTemplate {
-                metadata: (labels.is_some() || annotations.is_some()).then_some(TemplateMetadata { labels, annotations }),
+                metadata: (labels.is_some() || annotations.is_some())
+                    .then_some(TemplateMetadata { labels, annotations }),
                 spec: Some(PodSpec {
                     containers: std::iter::once(main).chain(sidecars).collect(),
                     node_selector,
@@ -133,29 +135,36 @@ fn template() -> impl Strategy<Value = PodTemplate> {
 }
 
 fn beta_app() -> impl Strategy<Value = v1beta1::AppSpec> {
-    (common(), of(strategy()), of(analysis()), of(any::<bool>()), of(deadline_text()), of(1..=50i32), of(template())).prop_map(
-        |(
-            (image, version, replicas, autoscaling, port, min_ready_seconds, pod_annotations),
-            strategy,
-            analysis,
-            auto_rollback,
-            progress_deadline,
-            history_limit,
-            template,
-        )| {
-            v1beta1::AppSpec {
-                image,
-                version,
-                replicas,
-                autoscaling,
-                port,
-                min_ready_seconds,
-                pod_annotations,
+    (common(), of(strategy()), of(analysis()), of(any::<bool>()), of(deadline_text()), of(1..=50i32), of(template()))
+        .prop_map(
+            |(
+                (image, version, replicas, autoscaling, port, min_ready_seconds, pod_annotations),
+                strategy,
+                analysis,
+                auto_rollback,
+                progress_deadline,
+                history_limit,
                 template,
-                rollout: v1beta1::RolloutSpec { strategy, analysis, auto_rollback, progress_deadline, history_limit },
-            }
-        },
-    )
+            )| {
+                v1beta1::AppSpec {
+                    image,
+                    version,
+                    replicas,
+                    autoscaling,
+                    port,
+                    min_ready_seconds,
+                    pod_annotations,
+                    template,
+                    rollout: v1beta1::RolloutSpec {
+                        strategy,
+                        analysis,
+                        auto_rollback,
+                        progress_deadline,
+                        history_limit,
+                    },
+                }
+            },
+        )
 }
 
 fn alpha_app() -> impl Strategy<Value = v1alpha1::AppSpec> {
@@ -225,6 +234,34 @@ fn prometheus_endpoints() -> impl Strategy<Value = Vec<TenantPrometheus>> {
     )
 }
 
+fn quantities() -> impl Strategy<Value = Option<BTreeMap<String, NonNegativeQuantity>>> {
+    of(btree_map(
+        prop_oneof![Just("cpu".to_string()), Just("memory".to_string())],
+        "[1-9][0-9]{0,3}(m|Mi)?".prop_map(NonNegativeQuantity),
+        1..3,
+    ))
+}
+
+fn limit_range() -> impl Strategy<Value = TenantLimitRange> {
+    (quantities(), quantities(), quantities()).prop_map(|(default, default_request, max)| TenantLimitRange {
+        default,
+        default_request,
+        max,
+    })
+}
+
+fn network_policy() -> impl Strategy<Value = TenantNetworkPolicy> {
+    (
+        of(prop_oneof![
+            Just(NetworkIsolation::Tenant),
+            Just(NetworkIsolation::Namespace),
+            Just(NetworkIsolation::None)
+        ]),
+        vec("[a-z]{1,8}", 0..3),
+    )
+        .prop_map(|(isolation, allow_from_namespaces)| TenantNetworkPolicy { isolation, allow_from_namespaces })
+}
+
 fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
     (
         vec("[a-z]{1,8}", 0..4),
@@ -233,19 +270,27 @@ fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
         any::<bool>(),
         of(pod_security()),
         prometheus_endpoints(),
+        of(limit_range()),
+        of(network_policy()),
     )
-        .prop_map(|(namespaces, admins, quota, delete, pod_security, prometheus_endpoints)| v1beta1::TenantSpec {
-            namespaces,
-            admins,
-            quota,
-            namespace_removal_policy: if delete {
-                NamespaceRemovalPolicy::Delete
-            } else {
-                NamespaceRemovalPolicy::Retain
+        .prop_map(
+            |(namespaces, admins, quota, delete, pod_security, prometheus_endpoints, limit_range, network_policy)| {
+                v1beta1::TenantSpec {
+                    namespaces,
+                    admins,
+                    quota,
+                    namespace_removal_policy: if delete {
+                        NamespaceRemovalPolicy::Delete
+                    } else {
+                        NamespaceRemovalPolicy::Retain
+                    },
+                    pod_security,
+                    prometheus_endpoints,
+                    limit_range,
+                    network_policy,
+                }
             },
-            pod_security,
-            prometheus_endpoints,
-        })
+        )
 }
 
 fn alpha_tenant() -> impl Strategy<Value = v1alpha1::TenantSpec> {
@@ -256,9 +301,20 @@ fn alpha_tenant() -> impl Strategy<Value = v1alpha1::TenantSpec> {
         any::<bool>(),
         of(pod_security()),
         prometheus_endpoints(),
+        of(limit_range()),
+        of(network_policy()),
     )
         .prop_map(
-            |(namespaces, admins, quota, delete_namespaces_on_removal, pod_security, prometheus_endpoints)| {
+            |(
+                namespaces,
+                admins,
+                quota,
+                delete_namespaces_on_removal,
+                pod_security,
+                prometheus_endpoints,
+                limit_range,
+                network_policy,
+            )| {
                 v1alpha1::TenantSpec {
                     namespaces,
                     admins,
@@ -266,6 +322,8 @@ fn alpha_tenant() -> impl Strategy<Value = v1alpha1::TenantSpec> {
                     delete_namespaces_on_removal,
                     pod_security,
                     prometheus_endpoints,
+                    limit_range,
+                    network_policy,
                 }
             },
         )

@@ -19,12 +19,12 @@ pub use rollout::{
     Analysis, AnalysisStatus, CanaryStatus, CanaryStep, CanaryStrategy, FailedVersion, Measurement, MeasurementResult,
     MetricCheck, RollingStrategy, RolloutProgress, RolloutRecord, RolloutResult, Strategy, StrategyType,
 };
+pub use template::{PodTemplate, TemplateMetadata};
 pub use tenant::{
     EnforceLevel, NamespaceState, NamespaceStatus, PodSecurity, PodSecurityLevel, Subject, SubjectKind, TenantQuota,
     TenantStatus,
 };
-pub use tenant::{PrometheusIsolation, TenantPrometheus};
-pub use template::{PodTemplate, TemplateMetadata};
+pub use tenant::{NetworkIsolation, PrometheusIsolation, TenantLimitRange, TenantNetworkPolicy, TenantPrometheus};
 pub use v1beta1::{App, AppSpec, NamespaceRemovalPolicy, RolloutSpec, Tenant, TenantSpec};
 
 /// API group of every Flotilla resource.

@@ -78,7 +78,9 @@ fn pod_spec_schema(generator: &mut SchemaGenerator) -> Schema {
         for list in ["containers", "initContainers", "ephemeralContainers"] {
             if let Some(p) = properties.get_mut(list).and_then(Value::as_object_mut) {
                 p.insert("maxItems".into(), Value::from(MAX_CONTAINERS));
-                if let Some(name) = p.get_mut("items").and_then(|i| i.pointer_mut("/properties/name")).and_then(Value::as_object_mut) {
+                if let Some(name) =
+                    p.get_mut("items").and_then(|i| i.pointer_mut("/properties/name")).and_then(Value::as_object_mut)
+                {
                     name.insert("maxLength".into(), Value::from(63));
                 }
             }

@@ -58,6 +58,58 @@ impl From<&NonNegativeQuantity> for Quantity {
     }
 }
 
+/// A LimitRange each tenant namespace gets: per-container defaults and bounds, so that pods
+/// which set no resources still fit a `requests.*` or `limits.*` quota and can be
+/// autoscaled on CPU. Keys are resource names (`cpu`, `memory`, `ephemeral-storage`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantLimitRange {
+    /// Limits of a container that sets none, for example `cpu: 500m`, `memory: 256Mi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub default: Option<BTreeMap<String, NonNegativeQuantity>>,
+    /// Requests of a container that sets none, for example `cpu: 100m`, `memory: 128Mi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub default_request: Option<BTreeMap<String, NonNegativeQuantity>>,
+    /// Most a container may ask for (its limits, or requests where it sets no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub max: Option<BTreeMap<String, NonNegativeQuantity>>,
+}
+
+/// Which traffic a tenant's namespaces admit (a NetworkPolicy `flotilla-tenant` in each).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantNetworkPolicy {
+    /// `Tenant` (default): pods admit traffic from the tenant's own namespaces; `Namespace`:
+    /// only from their own namespace; `None`: Flotilla writes no NetworkPolicy. Namespaces
+    /// named in `allowFromNamespaces` (and in the operator's
+    /// `--network-policy-allowed-namespaces`) are admitted in the first two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<NetworkIsolation>,
+    /// Further namespaces whose pods may reach the tenant's pods (an ingress controller, a
+    /// monitoring stack), by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 32),
+        inner(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))
+    )]
+    pub allow_from_namespaces: Vec<String>,
+}
+
+/// How far a tenant's network isolation goes.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NetworkIsolation {
+    /// Admit traffic from every namespace of the same tenant.
+    #[default]
+    Tenant,
+    /// Admit traffic only from the same namespace.
+    Namespace,
+    /// No NetworkPolicy.
+    None,
+}
+
 /// Pod Security Admission levels of a tenant's namespaces (labels
 /// `pod-security.kubernetes.io/{enforce,warn,audit}`, enforced by kube-apiserver itself).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]

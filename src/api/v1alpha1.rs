@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{AppStatus, Autoscaling};
 use super::rollout::{Analysis, Strategy};
-use super::tenant::{PodSecurity, Subject, TenantPrometheus, TenantQuota, TenantStatus};
+use super::tenant::{
+    PodSecurity, Subject, TenantLimitRange, TenantNetworkPolicy, TenantPrometheus, TenantQuota, TenantStatus,
+};
 
 /// Desired state of an application managed by Flotilla.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -135,4 +137,14 @@ pub struct TenantSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10))]
     pub prometheus_endpoints: Vec<TenantPrometheus>,
+
+    /// A LimitRange in each of the tenant's namespaces: container defaults and bounds, so
+    /// that a `requests.cpu` quota admits pods that set no resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_range: Option<TenantLimitRange>,
+
+    /// Which traffic the tenant's namespaces admit. Default: from the tenant's own
+    /// namespaces (and the platform's, named on the operator) only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<TenantNetworkPolicy>,
 }

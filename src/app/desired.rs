@@ -6,8 +6,8 @@ use k8s_openapi::api::autoscaling::v2::{
     ResourceMetricSource,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, PodSecurityContext, PodTemplateSpec, SeccompProfile,
-    SecurityContext, Service, ServicePort, ServiceSpec,
+    Capabilities, Container, ContainerPort, PodSecurityContext, PodTemplateSpec, SeccompProfile, SecurityContext,
+    Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -89,7 +89,8 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
     };
     let template = pod_template(app, &shape.version, labels.clone());
     let mut metadata = id.meta(names::deployment_name(&id.name, shape.track), labels);
-    metadata.annotations = Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), template_hash(&template))]));
+    metadata.annotations =
+        Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), template_hash(&template))]));
     Deployment {
         metadata,
         spec: Some(DeploymentSpec {
@@ -132,7 +133,12 @@ pub fn pod_template(app: &App, version: &str, labels: BTreeMap<String, String>) 
     if let Some(c) = pod.containers.get_mut(main) {
         c.image = Some(names::image_ref(&spec.image, version));
         let http = ContainerPort { name: Some("http".into()), container_port: port, ..ContainerPort::default() };
-        let others = c.ports.take().into_iter().flatten().filter(|p| p.name.as_deref() != Some("http") && p.container_port != port);
+        let others = c
+            .ports
+            .take()
+            .into_iter()
+            .flatten()
+            .filter(|p| p.name.as_deref() != Some("http") && p.container_port != port);
         c.ports = Some(std::iter::once(http).chain(others).collect());
     }
     let root_asked = pod.security_context.as_ref().and_then(|s| s.run_as_user) == Some(0)
@@ -164,7 +170,11 @@ pub fn pod_template(app: &App, version: &str, labels: BTreeMap<String, String>) 
 fn harden(c: &mut Container) {
     let sc = c.security_context.get_or_insert_with(SecurityContext::default);
     let needs_escalation = sc.privileged == Some(true)
-        || sc.capabilities.as_ref().and_then(|caps| caps.add.as_ref()).is_some_and(|add| add.iter().any(|a| a == "SYS_ADMIN" || a == "CAP_SYS_ADMIN"));
+        || sc
+            .capabilities
+            .as_ref()
+            .and_then(|caps| caps.add.as_ref())
+            .is_some_and(|add| add.iter().any(|a| a == "SYS_ADMIN" || a == "CAP_SYS_ADMIN"));
     if sc.allow_privilege_escalation.is_none() && !needs_escalation {
         sc.allow_privilege_escalation = Some(false);
     }
@@ -317,10 +327,7 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
         diff(&mut out, "spec.replicas", have.replicas, want.replicas);
     }
     let image = |d: &DeploymentSpec| {
-        d.template
-            .spec
-            .as_ref()
-            .and_then(|p| main_container(&p.containers).and_then(|i| p.containers[i].image.clone()))
+        d.template.spec.as_ref().and_then(|p| main_container(&p.containers).and_then(|i| p.containers[i].image.clone()))
     };
     diff(&mut out, "spec.template.spec.containers[app].image", image(have), image(want));
     let port = |d: &DeploymentSpec| {
@@ -542,7 +549,12 @@ mod tests {
         let caps = proxy.security_context.as_ref().and_then(|s| s.capabilities.clone()).expect("caps");
         assert_eq!((caps.add, caps.drop), (Some(vec!["NET_BIND_SERVICE".into()]), Some(vec!["ALL".into()])));
         for c in &pod.containers {
-            assert_eq!(c.security_context.as_ref().and_then(|s| s.allow_privilege_escalation), Some(false), "{}", c.name);
+            assert_eq!(
+                c.security_context.as_ref().and_then(|s| s.allow_privilege_escalation),
+                Some(false),
+                "{}",
+                c.name
+            );
         }
         let sc = pod.security_context.as_ref().expect("pod securityContext");
         assert_eq!(sc.run_as_non_root, Some(true));

@@ -133,7 +133,8 @@ async fn reconcile_app(
     .into_iter()
     .find(|(_, keys)| !keys.is_empty());
     if let Some((field, keys)) = denied {
-        let err = ReconcileError::PodAnnotationsDenied { namespace: namespace.clone(), name: name.clone(), field, keys };
+        let err =
+            ReconcileError::PodAnnotationsDenied { namespace: namespace.clone(), name: name.clone(), field, keys };
         return Err(refuse(&app, ctx, err).await);
     }
 

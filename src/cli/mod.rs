@@ -118,6 +118,11 @@ pub struct RunArgs {
     /// `*` (comma-separated).
     #[arg(long, env = "FLOTILLA_PROTECTED_NAMESPACES", value_delimiter = ',', default_values = crate::tenancy::claim::DEFAULT_PROTECTED_NAMESPACES)]
     pub protected_namespaces: Vec<String>,
+    /// Namespaces whose pods may reach every tenant's pods (an ingress controller, the
+    /// monitoring stack), by name, comma-separated: each tenant namespace's NetworkPolicy
+    /// admits them.
+    #[arg(long, env = "FLOTILLA_NETWORK_POLICY_ALLOWED_NAMESPACES", value_delimiter = ',')]
+    pub network_policy_allowed_namespaces: Vec<String>,
     /// Labels that protect a namespace from every Tenant: `key` (any value) or `key=value`
     /// (comma-separated).
     #[arg(long, env = "FLOTILLA_PROTECTED_NAMESPACE_LABELS", value_delimiter = ',', default_values = crate::tenancy::claim::DEFAULT_PROTECTED_LABELS)]

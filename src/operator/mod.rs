@@ -44,6 +44,8 @@ pub struct Settings {
     pub identity: OperatorIdentity,
     /// Namespaces no Tenant may claim.
     pub protection: crate::tenancy::claim::Protection,
+    /// Namespaces every tenant namespace's NetworkPolicy admits traffic from.
+    pub network_allowed_namespaces: Vec<String>,
     pub sharding: ShardSettings,
     /// Prometheus queried by Apps whose analysis names none.
     pub prometheus_url: Option<String>,
@@ -107,6 +109,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         replica_id: replica_id.to_string(),
         identity: OperatorIdentity { namespace: String::new(), service_account: String::new() },
         protection: Default::default(),
+        network_allowed_namespaces: Vec::new(),
         sharding: ShardSettings::default(),
         prometheus_url: None,
         analysis_limits: AnalysisLimits::default(),
@@ -270,10 +273,11 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 "progress probe",
                 tokio::spawn(watch_progress(client.clone(), progress.clone(), settings.stuck_after, stop_rx.clone())),
             ));
-            let (tenant_client, identity, protection, tenant_reporter, tenant_metrics) = (
+            let (tenant_client, identity, protection, network_allowed, tenant_reporter, tenant_metrics) = (
                 client.clone(),
                 settings.identity.clone(),
                 settings.protection.clone(),
+                settings.network_allowed_namespaces.clone(),
                 reporter.clone(),
                 metrics.clone(),
             );
@@ -298,6 +302,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                                     tenant_client.clone(),
                                     identity.clone(),
                                     protection.clone(),
+                                    network_allowed.clone(),
                                     tenant_reporter.clone(),
                                     tenant_metrics.clone(),
                                     stopped(stop),

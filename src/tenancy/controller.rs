@@ -20,6 +20,7 @@ pub fn tenant_controller(
     client: Client,
     operator: OperatorIdentity,
     protection: Protection,
+    network_allowed: Vec<String>,
     reporter: Reporter,
     metrics: Metrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -32,6 +33,7 @@ pub fn tenant_controller(
         metrics,
         operator,
         protection,
+        network_allowed,
     });
     async move {
         controller

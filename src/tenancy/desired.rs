@@ -1,14 +1,18 @@
 //! What onboarding a tenant namespace means, as objects and decisions. Pure: no I/O.
 
-use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, ResourceQuotaSpec};
+use k8s_openapi::api::core::v1::{
+    LimitRange, LimitRangeItem, LimitRangeSpec, Namespace, ResourceQuota, ResourceQuotaSpec,
+};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec};
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject as RbacSubject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 
 use crate::api::conditions::{DesiredCondition, merge_conditions};
-use crate::api::{NamespaceState, NamespaceStatus, SubjectKind, Tenant, TenantStatus};
+use crate::api::tenant::NonNegativeQuantity;
+use crate::api::{NamespaceState, NamespaceStatus, NetworkIsolation, SubjectKind, Tenant, TenantStatus};
 use crate::app::names::{LABEL_MANAGED_BY, MANAGED_BY};
 
 pub use super::claim::LABEL_TENANT;
@@ -22,6 +26,12 @@ pub const OPERATOR_BINDING: &str = "flotilla-operator";
 pub const ADMIN_BINDING: &str = "flotilla-tenant-admins";
 /// ResourceQuota of a tenant namespace.
 pub const QUOTA: &str = "flotilla-tenant";
+/// Name of the LimitRange in each tenant namespace.
+pub const LIMIT_RANGE: &str = "flotilla-tenant";
+/// Name of the NetworkPolicy in each tenant namespace.
+pub const NETWORK_POLICY: &str = "flotilla-tenant";
+/// The label the apiserver puts on every namespace: its name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// Finalizer that offboards a Tenant's namespaces before it goes away.
 pub const FINALIZER: &str = "flotilla.dev/offboard";
 
@@ -145,6 +155,74 @@ pub fn quota(namespace: &str, tenant: &Tenant) -> Option<ResourceQuota> {
     })
 }
 
+/// The LimitRange of a tenant namespace, when the Tenant asks for one.
+pub fn limit_range(namespace: &str, tenant: &Tenant) -> Option<LimitRange> {
+    let l = tenant.spec.limit_range.as_ref()?;
+    let quantities = |m: &Option<BTreeMap<String, NonNegativeQuantity>>| {
+        m.as_ref().filter(|m| !m.is_empty()).map(|m| m.iter().map(|(k, v)| (k.clone(), Quantity::from(v))).collect())
+    };
+    Some(LimitRange {
+        metadata: meta(LIMIT_RANGE, namespace, &tenant_name(tenant)),
+        spec: Some(LimitRangeSpec {
+            limits: vec![LimitRangeItem {
+                type_: "Container".into(),
+                default: quantities(&l.default),
+                default_request: quantities(&l.default_request),
+                max: quantities(&l.max),
+                ..LimitRangeItem::default()
+            }],
+        }),
+    })
+}
+
+/// The NetworkPolicy of a tenant namespace: its pods admit traffic from the tenant's
+/// namespaces (`Tenant`, the default) or their own (`Namespace`), and from the namespaces the
+/// platform names (`platform`, the operator's `--network-policy-allowed-namespaces`, and the
+/// Tenant's `allowFromNamespaces`). `None` when the Tenant asks for no isolation.
+pub fn network_policy(namespace: &str, tenant: &Tenant, platform: &[String]) -> Option<NetworkPolicy> {
+    let wanted = tenant.spec.network_policy.clone().unwrap_or_default();
+    let me = tenant_name(tenant);
+    let own = match wanted.isolation.unwrap_or_default() {
+        NetworkIsolation::None => return None,
+        NetworkIsolation::Tenant => NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(LABEL_TENANT.to_string(), me.clone())])),
+                ..LabelSelector::default()
+            }),
+            ..NetworkPolicyPeer::default()
+        },
+        NetworkIsolation::Namespace => {
+            NetworkPolicyPeer { pod_selector: Some(LabelSelector::default()), ..NetworkPolicyPeer::default() }
+        }
+    };
+    let mut others: Vec<String> = platform.iter().chain(wanted.allow_from_namespaces.iter()).cloned().collect();
+    others.sort();
+    others.dedup();
+    let mut from = vec![own];
+    if !others.is_empty() {
+        from.push(NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: NAMESPACE_NAME_LABEL.into(),
+                    operator: "In".into(),
+                    values: Some(others),
+                }]),
+                ..LabelSelector::default()
+            }),
+            ..NetworkPolicyPeer::default()
+        });
+    }
+    Some(NetworkPolicy {
+        metadata: meta(NETWORK_POLICY, namespace, &me),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector::default()),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule { from: Some(from), ports: None }]),
+            egress: None,
+        }),
+    })
+}
+
 pub fn tenant_name(tenant: &Tenant) -> String {
     tenant.metadata.name.clone().unwrap_or_default()
 }
@@ -226,6 +304,8 @@ mod tests {
                 namespace_removal_policy: Default::default(),
                 pod_security: None,
                 prometheus_endpoints: Vec::new(),
+                limit_range: None,
+                network_policy: None,
             },
         );
         t.metadata.generation = Some(2);
@@ -244,6 +324,55 @@ mod tests {
         assert_eq!(subjects[1].namespace.as_deref(), Some("ci"));
         let q = quota("a", &t).expect("quota");
         assert_eq!(q.spec.and_then(|s| s.hard).and_then(|h| h.get("pods").cloned()), Some(Quantity("10".into())));
+    }
+
+    #[test]
+    fn limit_range_only_when_asked() {
+        use crate::api::TenantLimitRange;
+        use crate::api::tenant::NonNegativeQuantity;
+        let mut t = tenant(&["a"]);
+        assert!(limit_range("a", &t).is_none());
+        t.spec.limit_range = Some(TenantLimitRange {
+            default_request: Some(BTreeMap::from([("cpu".to_string(), NonNegativeQuantity("100m".into()))])),
+            ..TenantLimitRange::default()
+        });
+        let l = limit_range("a", &t).expect("limit range");
+        let item = &l.spec.expect("spec").limits[0];
+        assert_eq!(item.type_, "Container");
+        assert_eq!(item.default_request.as_ref().and_then(|d| d.get("cpu")).map(|q| q.0.as_str()), Some("100m"));
+        assert!(item.default.is_none() && item.max.is_none());
+    }
+
+    #[test]
+    fn network_policy_admits_the_tenant_and_the_platform() {
+        use crate::api::{NetworkIsolation, TenantNetworkPolicy};
+        let mut t = tenant(&["a"]);
+        let peers = |p: Option<NetworkPolicy>| -> Vec<String> {
+            let spec = p.expect("policy").spec.expect("spec");
+            assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string()][..]));
+            assert_eq!(spec.pod_selector, Some(LabelSelector::default()), "every pod of the namespace");
+            let rules = spec.ingress.expect("ingress");
+            rules[0].from.iter().flatten().map(|peer| serde_json::to_string(peer).expect("json")).collect()
+        };
+        assert_eq!(
+            peers(network_policy("a", &t, &[])),
+            [r#"{"namespaceSelector":{"matchLabels":{"flotilla.dev/tenant":"team-a"}}}"#],
+            "by default: the tenant's own namespaces"
+        );
+        t.spec.network_policy = Some(TenantNetworkPolicy {
+            isolation: Some(NetworkIsolation::Namespace),
+            allow_from_namespaces: vec!["monitoring".into(), "ingress".into()],
+        });
+        assert_eq!(
+            peers(network_policy("a", &t, &["ingress".into()])),
+            [
+                r#"{"podSelector":{}}"#.to_string(),
+                r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["ingress","monitoring"]}]}}"#.to_string(),
+            ]
+        );
+        t.spec.network_policy =
+            Some(TenantNetworkPolicy { isolation: Some(NetworkIsolation::None), ..Default::default() });
+        assert!(network_policy("a", &t, &["ingress".into()]).is_none());
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! per-namespace state. Every write is an idempotent server-side apply or a delete.
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, ObjectReference, ResourceQuota};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, ObjectReference, ResourceQuota};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -20,8 +21,9 @@ use tracing::{Span, field, info, instrument, warn};
 
 use super::claim::{Decision, Protection, decide, offboard_refusal};
 use super::desired::{
-    ADMIN_BINDING, FINALIZER, OPERATOR_BINDING, OperatorIdentity, QUOTA, admin_binding, desired_namespace,
-    missing_labels, namespace_labels, operator_binding, quota, tenant_name, tenant_status, to_offboard,
+    ADMIN_BINDING, FINALIZER, LIMIT_RANGE, NETWORK_POLICY, OPERATOR_BINDING, OperatorIdentity, QUOTA, admin_binding,
+    desired_namespace, limit_range, missing_labels, namespace_labels, network_policy, operator_binding, quota,
+    tenant_name, tenant_status, to_offboard,
 };
 use super::unchanged::covers;
 use crate::api::{NamespaceState, NamespaceStatus, Tenant};
@@ -43,6 +45,8 @@ pub struct TenantContext {
     pub operator: OperatorIdentity,
     /// Namespaces no Tenant may claim.
     pub protection: Protection,
+    /// Namespaces every tenant namespace admits traffic from (`--network-policy-allowed-namespaces`).
+    pub network_allowed: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -296,6 +300,16 @@ async fn onboard_namespace(
         Some(q) => apply(&quotas, QUOTA, &q, "ResourceQuota").await?,
         None => delete(&quotas, QUOTA, "ResourceQuota").await?,
     }
+    let limits: Api<LimitRange> = Api::namespaced(ctx.client.clone(), ns);
+    match limit_range(ns, tenant) {
+        Some(l) => apply(&limits, LIMIT_RANGE, &l, "LimitRange").await?,
+        None => delete(&limits, LIMIT_RANGE, "LimitRange").await?,
+    }
+    let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
+    match network_policy(ns, tenant, &ctx.network_allowed) {
+        Some(p) => apply(&policies, NETWORK_POLICY, &p, "NetworkPolicy").await?,
+        None => delete(&policies, NETWORK_POLICY, "NetworkPolicy").await?,
+    }
     match admin_binding(ns, tenant) {
         Some(b) => apply(&bindings, ADMIN_BINDING, &b, "RoleBinding").await?,
         None => delete(&bindings, ADMIN_BINDING, "RoleBinding").await?,
@@ -337,6 +351,10 @@ async fn offboard_namespace(tenant: &Tenant, ns: &str, ctx: &TenantContext) -> R
     delete(&bindings, ADMIN_BINDING, "RoleBinding").await?;
     let quotas: Api<ResourceQuota> = Api::namespaced(ctx.client.clone(), ns);
     delete(&quotas, QUOTA, "ResourceQuota").await?;
+    let limits: Api<LimitRange> = Api::namespaced(ctx.client.clone(), ns);
+    delete(&limits, LIMIT_RANGE, "LimitRange").await?;
+    let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
+    delete(&policies, NETWORK_POLICY, "NetworkPolicy").await?;
     if tenant.spec.namespace_removal_policy == NamespaceRemovalPolicy::Delete
         && super::claim::labelled_owner(&labels) == Some(me.as_str())
     {

@@ -10,8 +10,8 @@ use kube::runtime::watcher;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tokio::sync::watch;
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -66,6 +66,14 @@ impl NamespaceClients {
     }
 }
 
+/// What every namespace controller is started with.
+#[derive(Clone, Copy)]
+struct WorkerContext<'a> {
+    shared: &'a Shared,
+    fence: &'a Fence,
+    tenants: &'a Store<Tenant>,
+}
+
 struct NamespaceWorker {
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
@@ -77,11 +85,10 @@ async fn converge_workers(
     wanted: &BTreeSet<String>,
     owners: &BTreeMap<String, String>,
     clients: &mut NamespaceClients,
-    shared: &Shared,
-    fence: &Fence,
-    tenants: &Store<Tenant>,
+    with: WorkerContext<'_>,
     stop_within: Duration,
 ) -> Vec<String> {
+    let WorkerContext { shared, fence, tenants } = with;
     let running: BTreeSet<String> = workers.keys().cloned().collect();
     let (start, stop) = changes(&running, wanted);
     let stopping: Vec<(String, NamespaceWorker)> =
@@ -232,9 +239,15 @@ pub async fn serve_onboarded_namespaces(
         let owners = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
         let wanted: BTreeSet<String> =
             owners.keys().filter(|ns| held.contains(&shard_of(ns, shards))).cloned().collect();
-        let cancelled =
-            converge_workers(&mut workers, &wanted, &owners, &mut namespace_clients, &shared, &fence, &tenants, stop_within)
-                .await;
+        let cancelled = converge_workers(
+            &mut workers,
+            &wanted,
+            &owners,
+            &mut namespace_clients,
+            WorkerContext { shared: &shared, fence: &fence, tenants: &tenants },
+            stop_within,
+        )
+        .await;
         if !cancelled.is_empty() {
             warn!(namespaces = ?cancelled, "cancelled reconciles may still have writes on their way: their shards count as working for a lease duration, so their Leases expire instead of being released");
         }
@@ -288,6 +301,8 @@ mod tests {
                 namespace_removal_policy: Default::default(),
                 pod_security: None,
                 prometheus_endpoints: Vec::new(),
+                limit_range: None,
+                network_policy: None,
             },
         );
         t.status = Some(TenantStatus {

@@ -204,7 +204,16 @@ pub struct Parsed {
 
 /// Resources the shard fence does not cover: the Tenant controller is a singleton (its own
 /// election, unfenced by design), and Events are informational.
-pub const UNFENCED: [&str; 6] = ["rolebindings", "resourcequotas", "namespaces", "tenants", "events", "tenants/status"];
+pub const UNFENCED: [&str; 8] = [
+    "rolebindings",
+    "resourcequotas",
+    "limitranges",
+    "networkpolicies",
+    "namespaces",
+    "tenants",
+    "events",
+    "tenants/status",
+];
 
 fn micros(v: &Value) -> Option<i64> {
     v.as_str()?.parse::<k8s_openapi::jiff::Timestamp>().ok().map(|t| t.as_microsecond())
