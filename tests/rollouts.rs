@@ -110,6 +110,73 @@ async fn a_bad_canary_is_rolled_back_and_the_stable_deployment_never_changes() {
     assert_eq!(rig.app("web").await.status.and_then(|s| s.phase), Some(AppPhase::RolledBack));
 }
 
+/// The env var MODE of the App's main container, as a Deployment runs it.
+fn mode_of(d: &k8s_openapi::api::apps::v1::Deployment) -> Option<String> {
+    let pod = d.spec.as_ref()?.template.spec.as_ref()?;
+    pod.containers.iter().find(|c| c.name == "app")?.env.as_ref()?.first()?.value.clone()
+}
+
+fn template(mode: &str) -> serde_json::Value {
+    json!({"spec": {"containers": [{"name": "app", "env": [{"name": "MODE", "value": mode}]}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_template_goes_through_the_canary_and_is_rolled_back_to_the_old_one() {
+    let rig = Rig::start("ro-tmpl").await;
+    // The canary's pods serve errors: its series is the one the check reads.
+    rig.traffic("web", "canary-pods", 0.5, 0.05);
+    let check = json!([{"name": "error-rate", "query": support::rollout::ERROR_RATE.replace("{{version}}", "canary-pods"), "max": 0.05}]);
+    rig.apps
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "web"},
+                "spec": {"image": "registry.example.com/tests/web", "version": "1", "replicas": 3, "template": template("live"),
+                         "rollout": {"strategy": canary(json!([{"weight": 34}])), "analysis": analysis(check)}},
+            }))
+            .expect("App"),
+        )
+        .await
+        .expect("creating App");
+    let app =
+        rig.wait_until("web", "Healthy", |a| (a.status.as_ref()?.phase == Some(AppPhase::Healthy)).then_some(())).await;
+    let stable_revision = app.status.and_then(|s| s.current_version).expect("revision");
+    assert!(stable_revision.starts_with("1+"), "a revision names the version and the template: {stable_revision}");
+    rig.wait_for_data("web", "canary-pods").await;
+
+    // Only an env var changes: a new revision of the same version, rolled out as a canary.
+    rig.patch_spec("web", json!({"template": template("broken")})).await;
+    let started = Instant::now();
+    let mut canary_mode = None;
+    let app = loop {
+        if let Some(stable) = rig.deployment("web").await {
+            assert_eq!(mode_of(&stable).as_deref(), Some("live"), "the stable pods were given the new template");
+        }
+        if let Some(c) = rig.deployment("web-canary").await {
+            canary_mode = mode_of(&c);
+        }
+        let app = rig.app("web").await;
+        let s = app.status.clone().unwrap_or_default();
+        assert_eq!(s.current_version.as_deref(), Some(stable_revision.as_str()), "a bad template was promoted");
+        if s.phase == Some(AppPhase::RolledBack) {
+            break app;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "not rolled back in 60 s: {s:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    println!("bad template rolled back {:?} after the change", started.elapsed());
+    assert_eq!(canary_mode.as_deref(), Some("broken"), "the canary ran the new template");
+    let s = app.status.expect("status");
+    let failed = s.failed_version.expect("failed revision");
+    assert!(failed.version.starts_with("1+") && failed.version != stable_revision, "{failed:?}");
+    assert_eq!(s.history[0].result, RolloutResult::RolledBack);
+    assert_eq!(s.history[0].version, failed.version, "history names the revision");
+    support::wait_for(Duration::from_secs(20), "canary Deployment removed", || async {
+        rig.deployment("web-canary").await.is_none().then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_data_pauses_the_rollout_until_prometheus_is_back() {
     let mut rig = Rig::start("ro-nodata").await;

@@ -35,7 +35,8 @@ pub struct AppStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// The last version that was fully rolled out and available.
+    /// The last revision that was fully rolled out and available: the version, and for an App
+    /// with a template, `+` and the template's fingerprint (`1.4.2+3fa9c01b2e`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,
     /// Replicas that are ready, across the App's Deployments.
@@ -74,6 +75,11 @@ pub struct AppStatus {
     /// Conditions: `Ready` says whether the desired version serves with all its replicas.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// `spec.template` as it was when `currentVersion` became the stable revision: what a
+    /// rollback of a later template renders again. Only for Apps with a template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::template::opaque_object")]
+    pub stable_template: Option<super::template::PodTemplate>,
 }
 
 /// Where an App stands.

@@ -70,6 +70,30 @@ pub fn main_container(containers: &[Container]) -> Option<usize> {
     containers.iter().position(|c| c.name == MAIN_CONTAINER).or((containers.len() == 1).then_some(0))
 }
 
+/// The schema of an object only the operator writes (in status): any object, not validated.
+pub fn opaque_object(_: &mut SchemaGenerator) -> Schema {
+    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
+}
+
+/// The revision of an App's pods: its version, and for an App with a template, `+` and a
+/// fingerprint of the template (`1.4.2+3fa9c01b2e`). A change of either is a new revision,
+/// rolled out by the App's strategy. Versions cannot contain `+` (the CRD's pattern).
+pub fn revision(version: &str, template: Option<&PodTemplate>) -> String {
+    match template {
+        None => version.to_string(),
+        Some(t) => {
+            let bytes = serde_json::to_vec(t).unwrap_or_default();
+            let fp = crate::sharding::hash::fnv1a64(&bytes);
+            format!("{version}+{:010x}", fp >> 24)
+        }
+    }
+}
+
+/// The version (image tag) of a revision.
+pub fn version_of(revision: &str) -> &str {
+    revision.split('+').next().unwrap_or(revision)
+}
+
 /// Kubernetes' PodSpec schema, lean enough for a CRD: see the module's documentation.
 fn pod_spec_schema(generator: &mut SchemaGenerator) -> Schema {
     let mut value = generator.subschema_for::<PodSpec>().to_value();
@@ -121,6 +145,25 @@ mod tests {
 
     fn container(name: &str) -> Container {
         Container { name: name.into(), ..Container::default() }
+    }
+
+    #[test]
+    fn revisions_name_the_version_and_the_template() {
+        assert_eq!(revision("1.4.2", None), "1.4.2", "without a template: the version, as before templates");
+        let t = PodTemplate {
+            metadata: None,
+            spec: Some(PodSpec { containers: vec![container("app")], ..PodSpec::default() }),
+        };
+        let r = revision("1.4.2", Some(&t));
+        assert!(r.starts_with("1.4.2+") && r.len() == "1.4.2+".len() + 10, "{r}");
+        assert_eq!(version_of(&r), "1.4.2");
+        assert_eq!(version_of("1.4.2"), "1.4.2");
+        let mut other = t.clone();
+        if let Some(spec) = other.spec.as_mut() {
+            spec.containers[0].args = Some(vec!["--verbose".into()]);
+        }
+        assert_ne!(revision("1.4.2", Some(&other)), r, "a template change is a new revision");
+        assert_eq!(revision("1.4.2", Some(&t.clone())), r, "stable across calls");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
 
 use super::names::{self, Track};
-use crate::api::template::main_container;
+use crate::api::template::{PodTemplate, main_container, version_of};
 use crate::api::{App, Strategy};
 
 /// Default target of the autoscaler when the App names none.
@@ -60,7 +60,10 @@ impl AppIdentity {
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeploymentShape {
     pub track: Track,
+    /// The revision to run: a version, with the template's fingerprint when the App has one.
     pub version: String,
+    /// The App-level template of that revision.
+    pub template: Option<PodTemplate>,
     /// `None` leaves the count to the autoscaler.
     pub replicas: Option<i32>,
     /// A paused Deployment does not roll its pods (a paused rolling update).
@@ -76,7 +79,8 @@ pub fn fixed_replicas(app: &App) -> Option<i32> {
 /// (for the stable track) the rolling-update bounds.
 pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deployment {
     let spec = &app.spec;
-    let labels = names::labels(&id.name, &shape.version, shape.track);
+    let version = version_of(&shape.version);
+    let labels = names::labels(&id.name, version, shape.track);
     let strategy = match (spec.strategy(), shape.track) {
         (Some(Strategy { rolling: Some(r), .. }), Track::Stable) => Some(DeploymentStrategy {
             type_: Some("RollingUpdate".into()),
@@ -87,10 +91,12 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
         }),
         _ => None,
     };
-    let template = pod_template(app, &shape.version, labels.clone());
+    let template = pod_template(app, shape.template.as_ref(), version, labels.clone());
     let mut metadata = id.meta(names::deployment_name(&id.name, shape.track), labels);
-    metadata.annotations =
-        Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), template_hash(&template))]));
+    metadata.annotations = Some(BTreeMap::from([
+        (names::ANNOTATION_TEMPLATE_HASH.to_string(), template_hash(&template)),
+        (names::ANNOTATION_REVISION.to_string(), shape.version.clone()),
+    ]));
     Deployment {
         metadata,
         spec: Some(DeploymentSpec {
@@ -110,12 +116,16 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
     }
 }
 
-/// The pods of one of the App's Deployments: the App's template (if any) with Flotilla's
+/// The pods of one of the App's Deployments: `template` (the App's, or the stable revision's) with Flotilla's
 /// labels, the main container running the image at `version` with its `http` port, and the
 /// Pod Security `restricted` settings wherever the template leaves them unset.
-pub fn pod_template(app: &App, version: &str, labels: BTreeMap<String, String>) -> PodTemplateSpec {
+pub fn pod_template(
+    app: &App,
+    template: Option<&PodTemplate>,
+    version: &str,
+    labels: BTreeMap<String, String>,
+) -> PodTemplateSpec {
     let spec = &app.spec;
-    let template = spec.template.as_ref();
     let meta = template.and_then(|t| t.metadata.as_ref());
     let mut pod_labels = meta.and_then(|m| m.labels.clone()).unwrap_or_default();
     pod_labels.extend(labels);
@@ -472,7 +482,8 @@ mod tests {
     fn desired_deployment(app: &App, id: &AppIdentity) -> Deployment {
         let shape = DeploymentShape {
             track: Track::Stable,
-            version: app.spec.version.clone(),
+            version: crate::api::template::revision(&app.spec.version, app.spec.template.as_ref()),
+            template: app.spec.template.clone(),
             replicas: fixed_replicas(app),
             paused: false,
         };

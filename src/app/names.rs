@@ -13,6 +13,10 @@ pub const CONTAINER_NAME: &str = "app";
 /// rendered (see `desired::template_hash`).
 pub const ANNOTATION_TEMPLATE_HASH: &str = "flotilla.dev/template-hash";
 
+/// Annotation on an App's Deployments: the revision their pods run (see
+/// `api::template::revision`).
+pub const ANNOTATION_REVISION: &str = "flotilla.dev/revision";
+
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 pub const LABEL_VERSION: &str = "app.kubernetes.io/version";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";

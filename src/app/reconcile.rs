@@ -158,7 +158,9 @@ async fn reconcile_app(
     let measurements;
     if plan.analysis_due {
         // The plan's stable version: recovered from the running Deployment when status lost it.
-        let stable_version = plan.status.current_version.clone().unwrap_or_default();
+        // Queries name versions (image tags), not revisions.
+        let stable_revision = plan.status.current_version.clone().unwrap_or_default();
+        let stable_version = crate::api::template::version_of(&stable_revision).to_string();
         // A run can wait up to the query timeout: it takes analysis turns, not a reconcile slot.
         drop(slot.take());
         measurements = ctx.measure(&app, &stable_version).await.measurements;

@@ -131,13 +131,15 @@ fn version(app: &App, status: &AppStatus) -> String {
         (None, Some(t)) => format!("(none) → {t}"),
         (None, None) => "(none)".to_string(),
     };
-    let desired = app.spec.version.as_str();
-    if target.or(current) != Some(desired) {
+    // Versions here are revisions: `1.4.2`, or `1.4.2+<template fingerprint>` with a template.
+    let desired = crate::api::template::revision(&app.spec.version, app.spec.template.as_ref());
+    if target.or(current) != Some(desired.as_str()) {
         let rolled_back = status.failed_version.as_ref().is_some_and(|f| f.version == desired);
+        let field = if app.spec.template.is_some() { "spec.version+template" } else { "spec.version" };
         if rolled_back {
-            text.push_str(&format!(" (spec.version {desired} was rolled back)"));
+            text.push_str(&format!(" ({field} {desired} was rolled back)"));
         } else {
-            text.push_str(&format!(" (spec.version {desired} not picked up yet)"));
+            text.push_str(&format!(" ({field} {desired} not picked up yet)"));
         }
     }
     text

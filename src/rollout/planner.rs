@@ -22,10 +22,11 @@ use std::time::Duration;
 use super::analysis::{explain, summarise};
 use super::duration::{self, DurationError};
 use super::replicas::{
-    Readiness, canary_replicas, image_of, readiness, ready_replicas, stable_replicas, total_replicas,
+    Readiness, canary_replicas, readiness, ready_replicas, revision_of, stable_replicas, total_replicas,
 };
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED};
+use crate::api::template::{PodTemplate, revision, version_of};
 use crate::api::{
     AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
     RolloutProgress, RolloutRecord, RolloutResult, StrategyType,
@@ -191,20 +192,19 @@ struct Planner<'a> {
     analysis_due: bool,
     now: Timestamp,
     total: i32,
+    /// The revision the spec asks for (`api::template::revision`).
     target: String,
-    image: String,
 }
 
 /// Plans one reconcile of `input.app`.
 pub fn plan(input: &Input) -> Result<Plan, DurationError> {
     let app = input.app;
     let settings = Settings::of(app)?;
-    let target = app.spec.version.clone();
+    let target = revision(&app.spec.version, app.spec.template.as_ref());
     let mut p = Planner {
         input,
         app,
         total: total_replicas(app, input.observed.stable, input.observed.hpa),
-        image: names::image_ref(&app.spec.image, &target),
         target,
         settings,
         status: app.status.clone().unwrap_or_default(),
@@ -256,7 +256,30 @@ impl Planner<'_> {
     }
 
     fn shape(&self, track: Track, version: &str, replicas: Option<i32>, paused: bool) -> DeploymentShape {
-        DeploymentShape { track, version: version.to_string(), replicas, paused }
+        DeploymentShape { track, version: version.to_string(), template: self.template_of(version), replicas, paused }
+    }
+
+    /// The App-level template of `revision`: the spec's for the revision it asks for, the one
+    /// kept in status for the stable revision (a rollback renders the template that was
+    /// stable, not the spec's new one).
+    fn template_of(&self, revision: &str) -> Option<PodTemplate> {
+        let spec = self.app.spec.template.as_ref();
+        if revision == self.target {
+            return spec.cloned();
+        }
+        let kept = self.app.status.as_ref().and_then(|s| s.stable_template.as_ref());
+        match kept {
+            Some(t) if crate::api::template::revision(version_of(revision), Some(t)) == revision => Some(t.clone()),
+            // No template (an App without one, or a revision from before templates existed).
+            _ if !revision.contains('+') => None,
+            _ => spec.cloned(),
+        }
+    }
+
+    /// Records `revision` as the stable one, with its template.
+    fn set_stable(&mut self, revision: &str) {
+        self.status.current_version = Some(revision.to_string());
+        self.status.stable_template = self.template_of(revision);
     }
 
     /// The stable Deployment at `version` with the App's pod settings.
@@ -269,9 +292,8 @@ impl Planner<'_> {
     /// changes pods, never the stable one.
     fn stable_kept(&self, version: &str, replicas: Option<i32>) -> Deployment {
         let mut d = self.stable_from_spec(version, replicas, false);
-        let wanted_image = names::image_ref(&self.app.spec.image, version);
         if let Some(observed) = self.input.observed.stable
-            && image_of(observed) == Some(wanted_image.as_str())
+            && revision_of(observed) == Some(version)
             && let (Some(spec), Some(have)) = (d.spec.as_mut(), observed.spec.as_ref())
         {
             spec.template = have.template.clone();
@@ -385,7 +407,7 @@ impl Planner<'_> {
         if self.app.status.as_ref().is_some_and(|s| s.target_version.is_some()) {
             return None;
         }
-        let version = self.input.observed.stable?.metadata.labels.as_ref()?.get(names::LABEL_VERSION)?.clone();
+        let version = revision_of(self.input.observed.stable?)?.to_string();
         if version == self.target {
             return None;
         }
@@ -404,9 +426,9 @@ impl Planner<'_> {
         self.status.canary = None;
         self.status.target_version = Some(version.to_string());
         let stable = self.stable_from_spec(version, fixed_replicas(self.app), false);
-        let r = readiness(self.input.observed.stable, &self.image, self.total);
+        let r = readiness(self.input.observed.stable, &self.target, self.total);
         let outcome = if r.complete {
-            self.status.current_version = Some(version.to_string());
+            self.set_stable(version);
             Outcome {
                 phase: AppPhase::Healthy,
                 reason: "Available".into(),
@@ -580,7 +602,7 @@ impl Planner<'_> {
         let message = format!("version {target} replaced {from} and is available with {} replicas", self.total);
         self.note(false, "Promoted", message.clone());
         self.record(target.clone(), RolloutResult::Promoted, Some(message.clone()));
-        self.status.current_version = Some(target.clone());
+        self.set_stable(&target);
         self.status.rollout = None;
         self.status.canary = None;
         self.status.failed_version = None;
@@ -590,13 +612,13 @@ impl Planner<'_> {
     fn rolling(&mut self, stable_version: &str) -> Planned {
         let user_paused = paused_by_user(self.app);
         let promoted = self.promoted_by_user();
-        let r = readiness(self.input.observed.stable, &self.image, self.total);
+        let r = readiness(self.input.observed.stable, &self.target, self.total);
         // Measure once pods of the new version serve: before that there is nothing to measure.
         let stop = if user_paused || promoted || r.available == 0 { self.held_analysis() } else { self.analyse(true) };
         let target = self.target.clone();
         // A Deployment paused in the same write that changes its image never starts the new
         // version: pause only once the new template is in.
-        let rolled_in = self.input.observed.stable.and_then(image_of) == Some(self.image.as_str());
+        let rolled_in = self.input.observed.stable.and_then(revision_of) == Some(self.target.as_str());
         let held = stop.is_some() || user_paused;
         let was_paused = self.app.status.as_ref().and_then(|s| s.phase) == Some(AppPhase::Paused);
         let now = self.now;
@@ -692,7 +714,7 @@ impl Planner<'_> {
         let index = usize::try_from(c.step).unwrap_or(0);
         let weight = self.settings.weights[index];
         let wanted = canary_replicas(weight, self.total);
-        let cr = readiness(self.input.observed.canary, &self.image, wanted);
+        let cr = readiness(self.input.observed.canary, &self.target, wanted);
         let was_paused = self.app.status.as_ref().and_then(|s| s.phase) == Some(AppPhase::Paused);
         if cr.complete {
             c.available_since.get_or_insert(Time(self.now));
@@ -754,7 +776,7 @@ impl Planner<'_> {
                 format!("step {} of {steps} ({weight}%) passed: moving to step {} ({next}%)", c.step, c.step + 1),
             );
             let wanted = canary_replicas(next, self.total);
-            let cr = readiness(self.input.observed.canary, &self.image, wanted);
+            let cr = readiness(self.input.observed.canary, &self.target, wanted);
             let outcome = self.step_outcome(&c, next, wanted, cr);
             return self.canary_objects(stable_version, c, wanted, cr, outcome);
         }
@@ -831,7 +853,7 @@ impl Planner<'_> {
     fn promote_canary(&mut self, stable_version: &str, mut c: CanaryStatus) -> Planned {
         let target = self.target.clone();
         let stable = self.stable_from_spec(&target, fixed_replicas(self.app), false);
-        let r = readiness(self.input.observed.stable, &self.image, self.total);
+        let r = readiness(self.input.observed.stable, &self.target, self.total);
         if r.complete && !paused_by_user(self.app) {
             let outcome = self.promoted();
             return (stable, None, outcome);

@@ -2,9 +2,9 @@
 
 use super::*;
 use crate::api::{Analysis, AppSpec, CanaryStep, CanaryStrategy, MetricCheck, RolloutSpec, Strategy};
+use crate::rollout::replicas::image_of;
 use k8s_openapi::api::apps::v1::DeploymentStatus;
 use proptest::prelude::*;
-use std::collections::BTreeMap;
 
 const T0: i64 = 1_000_000;
 
@@ -64,8 +64,20 @@ fn rolling_app(analysis: bool) -> App {
 /// A Deployment as the controller would report it once it runs `version` with `ready` of
 /// `replicas` available.
 fn observed(app: &App, track: Track, version: &str, replicas: i32, ready: i32) -> Deployment {
+    observed_with(app, track, version, app.spec.template.clone(), replicas, ready)
+}
+
+/// Like `observed`, running `revision` of `template`.
+fn observed_with(
+    app: &App,
+    track: Track,
+    version: &str,
+    template: Option<PodTemplate>,
+    replicas: i32,
+    ready: i32,
+) -> Deployment {
     let id = AppIdentity::of(app).expect("id");
-    let shape = DeploymentShape { track, version: version.into(), replicas: Some(replicas), paused: false };
+    let shape = DeploymentShape { track, version: version.into(), template, replicas: Some(replicas), paused: false };
     let mut d = deployment(app, &id, &shape);
     d.metadata.generation = Some(1);
     d.status = Some(DeploymentStatus {
@@ -660,4 +672,83 @@ fn a_lost_status_recovers_the_stable_version_from_the_running_deployment() {
     assert_eq!(plan.status.current_version, None);
     assert_eq!(plan.status.phase, Some(AppPhase::Progressing));
     assert!(plan.notes.is_empty(), "{:?}", plan.notes);
+}
+
+/// A template whose main container says `MODE=<mode>`.
+fn template(mode: &str) -> PodTemplate {
+    serde_json::from_value(serde_json::json!({
+        "spec": {"containers": [{"name": "app", "env": [{"name": "MODE", "value": mode}]}]},
+    }))
+    .expect("template")
+}
+
+fn mode(d: &Deployment) -> Option<String> {
+    let pod = d.spec.as_ref()?.template.spec.as_ref()?;
+    pod.containers.iter().find(|c| c.name == "app")?.env.as_ref()?.first()?.value.clone()
+}
+
+/// An App stable at version 2 with template `old`, whose spec now asks for template `new`.
+fn template_change(mut app: App, old: &str, new: &str) -> (App, String, PodTemplate) {
+    let before = template(old);
+    let stable = revision("2", Some(&before));
+    app.spec.template = Some(template(new));
+    let status = app.status.get_or_insert_with(Default::default);
+    status.current_version = Some(stable.clone());
+    status.target_version = Some(stable.clone());
+    status.stable_template = Some(before.clone());
+    (app, stable, before)
+}
+
+#[test]
+fn a_template_change_is_a_canary_rollout_and_the_stable_keeps_the_old_template() {
+    let (app, stable_rev, before) = template_change(canary_app(4, &[50], true), "live", "dry-run");
+    let stable = observed_with(&app, Track::Stable, &stable_rev, Some(before), 4, 4);
+    let id = AppIdentity::of(&app).expect("id");
+    let input = Input {
+        app: &app,
+        id: &id,
+        observed: Observed { stable: Some(&stable), canary: None, hpa: None },
+        measurements: None,
+        now: at(0),
+    };
+    let plan = plan(&input).expect("plan");
+    assert_eq!(reasons(&plan), ["RolloutStarted"]);
+    let target = plan.status.target_version.clone().expect("target");
+    assert!(target.starts_with("2+") && target != stable_rev, "a new revision of version 2: {target}");
+    assert_eq!(mode(&plan.stable).as_deref(), Some("live"), "the stable pods keep the old template");
+    let canary = plan.canary.as_ref().expect("canary");
+    assert_eq!(mode(canary).as_deref(), Some("dry-run"), "the canary runs the new one");
+    assert_eq!(image(canary), "example.com/web:2", "same image");
+}
+
+#[test]
+fn a_failed_template_is_rolled_back_to_the_stable_one_even_when_rolling() {
+    // A rolling update already put the new template on the stable Deployment; it is aborted.
+    let (app, stable_rev, _) = template_change(rolling_app(true), "live", "dry-run");
+    let target = revision("2", app.spec.template.as_ref());
+    let mut app = app;
+    if let Some(s) = app.status.as_mut() {
+        s.target_version = Some(target.clone());
+        s.rollout = Some(RolloutProgress { started_at: Time(at(0)), progress_since: None, promoted_by_user: false });
+    }
+    let aborted = with_annotation(&app, ANNOTATION_ACTION, "abort 1");
+    let plan = Run::new(&aborted).stable(&target, 4, 4).plan(10);
+    assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
+    assert_eq!(plan.status.failed_version.as_ref().map(|f| f.version.clone()), Some(target));
+    assert_eq!(plan.status.current_version.as_deref(), Some(stable_rev.as_str()));
+    assert_eq!(mode(&plan.stable).as_deref(), Some("live"), "the stable Deployment gets the old template back");
+    let annotations = plan.stable.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(annotations.get(names::ANNOTATION_REVISION), Some(&stable_rev));
+}
+
+#[test]
+fn a_promoted_template_becomes_the_stable_one() {
+    let (app, _, _) = template_change(rolling_app(false), "live", "dry-run");
+    let target = revision("2", app.spec.template.as_ref());
+    let first = Run::new(&app).stable(&target, 4, 4).plan(0);
+    let next = advance(&app, &first);
+    let plan = Run::new(&next).stable(&target, 4, 4).plan(1);
+    assert_eq!(plan.status.current_version.as_deref(), Some(target.as_str()));
+    assert_eq!(plan.status.stable_template, app.spec.template, "the new template is kept as the stable one");
+    assert_eq!(plan.status.phase, Some(AppPhase::Healthy));
 }

@@ -6,6 +6,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 
 use crate::api::App;
+use crate::app::names;
 
 /// Replicas the App runs in all: `spec.replicas`, or with autoscaling the autoscaler's
 /// current choice (what it set on the stable Deployment, else its desired count), within its
@@ -40,18 +41,25 @@ pub fn stable_replicas(total: i32, canary_wanted: i32, canary_available: i32) ->
     (total - canary_available.clamp(0, canary_wanted)).max(1)
 }
 
-/// How far a Deployment is from running `image` with `want` replicas, read the way
+/// How far a Deployment is from running `revision` with `want` replicas, read the way
 /// `kubectl rollout status` does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Readiness {
     pub want: i32,
     /// Ready pods of any template.
     pub ready: i32,
-    /// Available pods running `image` (0 when the Deployment runs another image).
+    /// Available pods of `revision` (0 when the Deployment runs another).
     pub available: i32,
-    /// The controller has seen the latest spec, every replica runs `image`, all are
+    /// The controller has seen the latest spec, every replica runs `revision`, all are
     /// available, and no old replica is left.
     pub complete: bool,
+}
+
+/// The revision a Deployment of the App runs: its revision annotation, or for one written
+/// before revisions existed, its version label (the revision of an App without a template).
+pub fn revision_of(d: &Deployment) -> Option<&str> {
+    let annotated = d.metadata.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_REVISION));
+    annotated.or_else(|| d.metadata.labels.as_ref()?.get(names::LABEL_VERSION)).map(String::as_str)
 }
 
 /// The image of the application container.
@@ -65,7 +73,7 @@ pub fn ready_replicas(d: Option<&Deployment>) -> i32 {
     d.and_then(|d| d.status.as_ref()).and_then(|s| s.ready_replicas).unwrap_or(0)
 }
 
-pub fn readiness(d: Option<&Deployment>, image: &str, want: i32) -> Readiness {
+pub fn readiness(d: Option<&Deployment>, revision: &str, want: i32) -> Readiness {
     let Some(d) = d else {
         return Readiness { want, ..Readiness::default() };
     };
@@ -74,12 +82,12 @@ pub fn readiness(d: Option<&Deployment>, image: &str, want: i32) -> Readiness {
         (Some(g), Some(o)) => o >= g,
         _ => false,
     };
-    let right_image = image_of(d) == Some(image);
+    let right = revision_of(d) == Some(revision);
     let spec_replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let ready = ready_replicas(Some(d));
-    let available = if right_image && seen { status.available_replicas.unwrap_or(0).min(spec_replicas) } else { 0 };
+    let available = if right && seen { status.available_replicas.unwrap_or(0).min(spec_replicas) } else { 0 };
     let complete = seen
-        && right_image
+        && right
         && spec_replicas == want
         && status.updated_replicas.unwrap_or(0) == want
         && status.available_replicas.unwrap_or(0) == want
