@@ -211,11 +211,18 @@ fn main() -> ExitCode {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,
                     },
-                    network_allowed_namespaces: args.network_policy_allowed_namespaces,
+                    // The namespaces every tenant's NetworkPolicy admits are the platform's: no
+                    // Tenant may claim one (were it not created yet, a tenant could take the
+                    // name and be admitted everywhere).
                     protection: flotilla::tenancy::claim::Protection {
-                        names: args.protected_namespaces,
+                        names: args
+                            .protected_namespaces
+                            .into_iter()
+                            .chain(args.network_policy_allowed_namespaces.iter().cloned())
+                            .collect(),
                         labels: args.protected_namespace_labels,
                     },
+                    network_allowed_namespaces: args.network_policy_allowed_namespaces,
                 };
                 match flotilla::operator::run(settings).await {
                     Ok(()) => ExitCode::SUCCESS,

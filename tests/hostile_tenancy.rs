@@ -97,21 +97,22 @@ async fn foreign_namespace_needs_adoption(client: Client) {
     assert!(has_binding(&client, &foreign, "flotilla-operator").await);
 }
 
-/// §4: protected namespaces are never claimed, whatever their labels say.
-async fn protected_namespaces_are_never_claimed(client: Client) {
+/// §4: protected namespaces are never claimed, whatever their labels say; nor is a
+/// namespace every tenant's NetworkPolicy admits (`allowed`, not created yet: the tenant that
+/// took the name would be admitted into every tenant namespace).
+async fn protected_namespaces_are_never_claimed(client: Client, allowed: String) {
     let (t, marked, kube_like) = (unique("ten-prot"), unique("infra"), unique("kube-tenant"));
     kubectl_ok(&["create", "namespace", &marked]);
     kubectl_ok(&["label", "namespace", &marked, "flotilla.dev/protected=true", "flotilla.dev/adoptable=true"]);
-    create_tenant(&client, &t, json!({"namespaces": [marked, kube_like]})).await;
-    for ns in [&marked, &kube_like] {
+    create_tenant(&client, &t, json!({"namespaces": [marked, kube_like, allowed]})).await;
+    for ns in [&marked, &kube_like, &allowed] {
         let message = wait_state(&client, &t, ns, NamespaceState::Error).await;
         assert!(message.contains("protected namespace"), "{ns}: {message}");
     }
     assert!(!has_binding(&client, &marked, "flotilla-operator").await);
-    assert!(
-        Api::<Namespace>::all(client.clone()).get_opt(&kube_like).await.expect("get").is_none(),
-        "{kube_like} (kube-*) was not created"
-    );
+    for ns in [&kube_like, &allowed] {
+        assert!(Api::<Namespace>::all(client.clone()).get_opt(ns).await.expect("get").is_none(), "{ns} was created");
+    }
     kubectl_ok(&["delete", "namespace", &marked, "--wait=false"]);
 }
 
@@ -435,10 +436,12 @@ async fn the_tenant_boundary_holds() {
     install_crds(&client).await;
     let kubeconfig = operator_kubeconfig();
     let operator = client_of(&kubeconfig).await;
-    let _operator = Operator::start_with(&kubeconfig, &[], "hostile-tenancy").await;
+    let allowed = unique("ingress");
+    let _operator =
+        Operator::start_with(&kubeconfig, &["--network-policy-allowed-namespaces", &allowed], "hostile-tenancy").await;
     tokio::join!(
         foreign_namespace_needs_adoption(client.clone()),
-        protected_namespaces_are_never_claimed(client.clone()),
+        protected_namespaces_are_never_claimed(client.clone(), allowed.clone()),
         ownership_never_moves(client.clone()),
         operator_token_is_fenced(client.clone(), operator),
         restricted_tenant_runs_flotillas_pods(client.clone()),

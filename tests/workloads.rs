@@ -2,7 +2,8 @@
 //! a team really runs (env, envFrom of a ConfigMap, a volume, a readiness probe, a sidecar)
 //! runs in a namespace whose quota asks for CPU requests, because the Tenant's LimitRange
 //! gives its containers defaults; a change of its template reaches the pods; templates that
-//! take what Flotilla owns are refused naming the field; the Tenant's LimitRange and
+//! take what Flotilla owns are refused naming the field; a privileged template gets no pod
+//! (Pod Security Admission) and the App says why; the Tenant's LimitRange and
 //! NetworkPolicy follow its namespaces. Scenarios run concurrently on distinct tenants.
 
 mod support;
@@ -228,6 +229,51 @@ async fn owned_fields_are_refused(client: Client) {
     let _ = namespaces.delete(&ns, &Default::default()).await;
 }
 
+/// Hostile templates. Pods on the host's network, privileged, with a host path: The operator
+/// writes the Deployment (the template is the tenant's to choose), and kube-apiserver's Pod
+/// Security Admission (`enforce: baseline`, the Tenant's default) refuses every pod; the App
+/// says so, naming the refusal. A template too large to keep a copy of: refused by the operator.
+async fn a_privileged_template_gets_no_pod(client: Client) {
+    let (t, ns) = (unique("ten-priv"), unique("priv"));
+    create_tenant(&client, &t, json!({"namespaces": [ns]})).await;
+    wait_onboarded(&client, &t, &ns).await;
+    let template = json!({"spec": {
+        "hostNetwork": true,
+        "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+        "containers": [{
+            "name": "app",
+            "securityContext": {"privileged": true, "runAsNonRoot": false, "allowPrivilegeEscalation": true},
+            "volumeMounts": [{"name": "root", "mountPath": "/host"}],
+        }],
+    }});
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns);
+    apps.create(&PostParams::default(), &app("escape", template)).await.expect("the App is valid: PSA judges pods");
+    let message = wait_for(SETTLE, "App escape reports that its pods are refused", || async {
+        let a = apps.get("escape").await.ok()?;
+        let c = a.status?.conditions.into_iter().find(|c| c.type_ == "Progressing")?;
+        (c.reason == "ReplicaFailure").then_some(c.message)
+    })
+    .await;
+    assert!(message.contains("violates PodSecurity \"baseline"), "the App names the refusal: {message}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let list = pods.list(&ListParams::default()).await.expect("pods");
+    assert!(list.items.is_empty(), "no pod of the privileged template may exist: {:?}", list.items.len());
+
+    // A template of 80 KiB (the limit is 64 KiB): refused by the operator, nothing written.
+    let env: Vec<Value> = (0..40).map(|i| json!({"name": format!("BLOB_{i}"), "value": "x".repeat(2048)})).collect();
+    let huge = json!({"spec": {"containers": [{"name": "app", "env": env}]}});
+    apps.create(&PostParams::default(), &app("huge", huge)).await.expect("the App is valid for the apiserver");
+    let message = wait_for(SETTLE, "App huge refused as TemplateTooLarge", || async {
+        let a = apps.get("huge").await.ok()?;
+        let c = a.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        (c.reason == "TemplateTooLarge").then_some(c.message)
+    })
+    .await;
+    assert!(message.contains("spec.template is") && message.contains("65536"), "{message}");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    assert!(deployments.get_opt("huge").await.expect("reading").is_none(), "nothing of a refused App is written");
+}
+
 /// The LimitRange and the NetworkPolicy are in every namespace of the tenant, follow
 /// namespaces joining and leaving, and go when the Tenant stops asking for them.
 async fn policy_objects_follow_the_tenant(client: Client) {
@@ -299,5 +345,6 @@ async fn apps_run_real_workloads_and_tenants_get_their_policy_objects() {
         a_real_service_runs_under_quota(client.clone()),
         owned_fields_are_refused(client.clone()),
         policy_objects_follow_the_tenant(client.clone()),
+        a_privileged_template_gets_no_pod(client.clone()),
     );
 }

@@ -16,6 +16,12 @@ use std::collections::BTreeMap;
 
 /// Name of the main container when the template has several.
 pub const MAIN_CONTAINER: &str = "app";
+/// Most bytes of JSON a template may take. The App's status keeps a copy of the stable
+/// revision's template and each Deployment (and ReplicaSet) another, so a template of a few
+/// hundred KiB would push the App's status past etcd's object limit (a rollback could then
+/// no longer be written) and cost every replica that caches it. Real templates take a few
+/// KiB (the docs' checkout: 0.7 KiB).
+pub const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
 /// Most containers (or init containers) a template may list.
 pub const MAX_CONTAINERS: u64 = 16;
 
@@ -53,6 +59,11 @@ pub struct TemplateMetadata {
 }
 
 impl PodTemplate {
+    /// Bytes of the template's JSON.
+    pub fn json_len(&self) -> usize {
+        serde_json::to_vec(self).map(|v| v.len()).unwrap_or(usize::MAX)
+    }
+
     /// Label keys the template sets on pods.
     pub fn label_keys(&self) -> impl Iterator<Item = &String> {
         self.metadata.iter().flat_map(|m| m.labels.iter().flatten()).map(|(k, _)| k)

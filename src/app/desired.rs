@@ -116,6 +116,35 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
     }
 }
 
+/// The App-level template a running Deployment was rendered from, as near as it can be read
+/// back: its pod template without Flotilla's labels and annotations and without the main
+/// container's image. Rendering it again gives the same pods. Used when status lost the
+/// stable revision's template and the Deployment is the only record of it.
+pub fn template_from_running(d: &Deployment) -> Option<PodTemplate> {
+    let running = &d.spec.as_ref()?.template;
+    let mut spec = running.spec.clone()?;
+    if let Some(i) = main_container(&spec.containers) {
+        spec.containers[i].image = None;
+    }
+    let ours = |k: &String| {
+        [names::LABEL_NAME, names::LABEL_VERSION, names::LABEL_MANAGED_BY].contains(&k.as_str())
+            || k.starts_with("flotilla.dev/")
+    };
+    let meta = running.metadata.as_ref();
+    let keep = |m: Option<&BTreeMap<String, String>>| {
+        let kept: BTreeMap<String, String> =
+            m.into_iter().flatten().filter(|(k, _)| !ours(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        (!kept.is_empty()).then_some(kept)
+    };
+    Some(PodTemplate {
+        metadata: Some(crate::api::TemplateMetadata {
+            labels: keep(meta.and_then(|m| m.labels.as_ref())),
+            annotations: keep(meta.and_then(|m| m.annotations.as_ref())),
+        }),
+        spec: Some(spec),
+    })
+}
+
 /// The pods of one of the App's Deployments: `template` (the App's, or the stable revision's) with Flotilla's
 /// labels, the main container running the image at `version` with its `http` port, and the
 /// Pod Security `restricted` settings wherever the template leaves them unset.

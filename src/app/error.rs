@@ -21,6 +21,10 @@ pub enum ReconcileError {
     },
     #[error("App {namespace}/{name}: {}", crate::app::pod_policy::PodPolicy::message(.field, .keys))]
     PodAnnotationsDenied { namespace: String, name: String, field: &'static str, keys: Vec<String> },
+    #[error(
+        "App {namespace}/{name}: spec.template is {bytes} bytes of JSON, more than the {limit} an App's pod may take (its status keeps a copy, and each Deployment another)"
+    )]
+    TemplateTooLarge { namespace: String, name: String, bytes: usize, limit: usize },
     #[error("App {namespace}/{name} has no uid yet")]
     NotStored { namespace: String, name: String },
     #[error("not writing in namespace {namespace}: this replica's hold on its shard is not current (fenced)")]
@@ -134,7 +138,8 @@ impl ReconcileError {
                 Self::InvalidApp { .. }
                 | Self::InvalidSettings { .. }
                 | Self::NotStored { .. }
-                | Self::PodAnnotationsDenied { .. },
+                | Self::PodAnnotationsDenied { .. }
+                | Self::TemplateTooLarge { .. },
                 _,
             ) => ErrorClass::Invalid,
             (_, Some(409)) => ErrorClass::Conflict,
@@ -164,6 +169,7 @@ impl ReconcileError {
                 Self::InvalidApp { .. } | Self::InvalidSettings { .. } => "InvalidSpec",
                 Self::NameConflict { .. } => "NameConflict",
                 Self::PodAnnotationsDenied { .. } => "PodAnnotationDenied",
+                Self::TemplateTooLarge { .. } => "TemplateTooLarge",
                 _ => "ReconcileError",
             },
         }

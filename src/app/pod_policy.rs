@@ -16,6 +16,9 @@ pub const DEFAULT_DENIED_PREFIXES: &[&str] = &[
     "status.sidecar.istio.io/",
     "inject.istio.io/",
     "ambient.istio.io/",
+    // The pod label `istio.io/dataplane-mode: none` takes a pod out of the ambient mesh;
+    // `istio.io/rev` picks another control plane's injection.
+    "istio.io/",
     // Linkerd: the same, for its proxy (`linkerd.io/inject: disabled`,
     // `config.linkerd.io/skip-outbound-ports`).
     "linkerd.io/",
@@ -115,6 +118,8 @@ mod tests {
             "prometheus.io/scrape",
             "example.com/team",
             "istio.io/rev",
+            "istio.io/dataplane-mode",
+            "prometheus.istio.io/merge-metrics",
         ]);
         assert_eq!(
             p.denied(&asked),
@@ -126,6 +131,8 @@ mod tests {
                 "container.seccomp.security.alpha.kubernetes.io/app",
                 "flotilla.dev/version",
                 "inject.istio.io/templates",
+                "istio.io/dataplane-mode",
+                "istio.io/rev",
                 "k8s.v1.cni.cncf.io/networks",
                 "linkerd.io/inject",
                 "seccomp.security.alpha.kubernetes.io/pod",

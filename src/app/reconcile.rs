@@ -24,6 +24,7 @@ use super::desired::{
 use super::error::{ReconcileError, retry_delay};
 use super::names::{self, FIELD_MANAGER};
 use super::status::{Blocker, degraded};
+use crate::api::template::MAX_TEMPLATE_BYTES;
 use crate::api::{App, AppPhase, RolloutResult};
 use crate::rollout::planner::{self, Input, Observed};
 
@@ -119,6 +120,17 @@ async fn reconcile_app(
     let app_ref = app.object_ref(&());
     let spec_changed = app.status.as_ref().and_then(|s| s.observed_generation) != app.metadata.generation;
 
+    // Refused before anything is planned: a template too large to keep a copy of in status.
+    let bytes = app.spec.template.as_ref().map_or(0, |t| t.json_len());
+    if bytes > MAX_TEMPLATE_BYTES {
+        let err = ReconcileError::TemplateTooLarge {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            bytes,
+            limit: MAX_TEMPLATE_BYTES,
+        };
+        return Err(refuse(&app, ctx, err).await);
+    }
     // Refused before anything is planned: pods with an annotation the platform reserves are
     // never rendered, and what runs stays as it is.
     let denied = [

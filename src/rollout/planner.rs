@@ -31,7 +31,7 @@ use crate::api::{
     AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
     RolloutProgress, RolloutRecord, RolloutResult, StrategyType,
 };
-use crate::app::desired::{AppIdentity, DeploymentShape, deployment, fixed_replicas};
+use crate::app::desired::{AppIdentity, DeploymentShape, deployment, fixed_replicas, template_from_running};
 use crate::app::names::{self, Track};
 use crate::app::status::replica_failure;
 
@@ -267,11 +267,14 @@ impl Planner<'_> {
         if revision == self.target {
             return spec.cloned();
         }
-        let kept = self.app.status.as_ref().and_then(|s| s.stable_template.as_ref());
+        let kept = self.status.stable_template.as_ref();
         match kept {
             Some(t) if crate::api::template::revision(version_of(revision), Some(t)) == revision => Some(t.clone()),
             // No template (an App without one, or a revision from before templates existed).
             _ if !revision.contains('+') => None,
+            // Read back from the running stable Deployment when status was lost
+            // (`recovered_stable_version`): its fingerprint need not match to the byte.
+            Some(t) if self.status.current_version.as_deref() == Some(revision) => Some(t.clone()),
             _ => spec.cloned(),
         }
     }
@@ -298,12 +301,14 @@ impl Planner<'_> {
         {
             spec.template = have.template.clone();
             // With the template, its fingerprint: the one the observed pods were made from.
-            d.metadata.annotations = observed
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(names::ANNOTATION_TEMPLATE_HASH))
-                .map(|h| BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), h.clone())]));
+            // The revision annotation stays (it is `version`): without it the Deployment
+            // would no longer read as the stable revision and be re-rendered at the next look.
+            let kept = observed.metadata.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_TEMPLATE_HASH));
+            let annotations = d.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            match kept {
+                Some(h) => annotations.insert(names::ANNOTATION_TEMPLATE_HASH.to_string(), h.clone()),
+                None => annotations.remove(names::ANNOTATION_TEMPLATE_HASH),
+            };
         }
         d
     }
@@ -412,6 +417,12 @@ impl Planner<'_> {
             return None;
         }
         self.status.current_version = Some(version.clone());
+        // The template of that revision is the running Deployment's: keep it, so that a
+        // rollback brings back these pods and not the spec's new template.
+        let kept = self.status.stable_template.as_ref();
+        if version.contains('+') && kept.is_none_or(|t| revision(version_of(&version), Some(t)) != version) {
+            self.status.stable_template = self.input.observed.stable.and_then(template_from_running);
+        }
         self.note(
             false,
             "StableVersionRecovered",

@@ -716,6 +716,12 @@ fn a_template_change_is_a_canary_rollout_and_the_stable_keeps_the_old_template()
     let target = plan.status.target_version.clone().expect("target");
     assert!(target.starts_with("2+") && target != stable_rev, "a new revision of version 2: {target}");
     assert_eq!(mode(&plan.stable).as_deref(), Some("live"), "the stable pods keep the old template");
+    let annotations = plan.stable.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get(names::ANNOTATION_REVISION),
+        Some(&stable_rev),
+        "the kept stable Deployment still says its revision (else the next look re-renders it)"
+    );
     let canary = plan.canary.as_ref().expect("canary");
     assert_eq!(mode(canary).as_deref(), Some("dry-run"), "the canary runs the new one");
     assert_eq!(image(canary), "example.com/web:2", "same image");
@@ -751,4 +757,34 @@ fn a_promoted_template_becomes_the_stable_one() {
     assert_eq!(plan.status.current_version.as_deref(), Some(target.as_str()));
     assert_eq!(plan.status.stable_template, app.spec.template, "the new template is kept as the stable one");
     assert_eq!(plan.status.phase, Some(AppPhase::Healthy));
+}
+
+#[test]
+fn a_lost_status_keeps_the_running_template_for_a_rollback() {
+    // Restored without status while the stable Deployment runs the old template; the spec
+    // asks for a new one. The rolling update puts it in, then it is aborted: the stable
+    // Deployment must get the running template back, not the spec's.
+    let (mut app, stable_rev, before) = template_change(rolling_app(true), "live", "dry-run");
+    app.status = None;
+    let running = observed_with(&app, Track::Stable, &stable_rev, Some(before), 4, 4);
+    let id = AppIdentity::of(&app).expect("id");
+    let input = Input {
+        app: &app,
+        id: &id,
+        observed: Observed { stable: Some(&running), canary: None, hpa: None },
+        measurements: None,
+        now: at(0),
+    };
+    let first = plan(&input).expect("plan");
+    assert_eq!(reasons(&first), ["StableVersionRecovered", "RolloutStarted"]);
+    assert_eq!(first.status.current_version.as_deref(), Some(stable_rev.as_str()));
+    assert!(first.status.stable_template.is_some(), "the running template is kept as the stable one");
+    let target = revision("2", app.spec.template.as_ref());
+    let aborted = with_annotation(&advance(&app, &first), ANNOTATION_ACTION, "abort 1");
+    let plan = Run::new(&aborted).stable(&target, 4, 4).plan(10);
+    assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
+    assert_eq!(mode(&plan.stable).as_deref(), Some("live"), "the rollback brings back the running template");
+    let pod = plan.stable.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("pod");
+    assert_eq!(pod.containers.len(), 1, "no container added by reading the template back");
+    assert_eq!(image(&plan.stable), "example.com/web:2");
 }
