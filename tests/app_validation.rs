@@ -217,3 +217,22 @@ async fn the_sample_apps_are_valid() {
     }
     assert!(count >= 3, "samples found: {count}");
 }
+
+/// The sample Tenants in deploy/samples are valid (dry run: nothing is onboarded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_tenants_are_valid() {
+    let client = admin_client().await;
+    install_crds(&client).await;
+    let ar = ApiResource::erase::<flotilla::api::Tenant>(&());
+    let tenants: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/samples/tenant.yaml")).expect("samples");
+    let mut count = 0;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let obj: DynamicObject = serde::Deserialize::deserialize(doc).expect("sample Tenant YAML");
+        let dry = PostParams { dry_run: true, ..PostParams::default() };
+        tenants.create(&dry, &obj).await.unwrap_or_else(|e| panic!("sample {:?} refused: {e}", obj.metadata.name));
+        count += 1;
+    }
+    assert!(count >= 2, "samples found: {count}");
+}

@@ -126,6 +126,8 @@ fn the_helm_chart_values_reach_the_deployment_and_pass_a_server_side_dry_run() {
         "replicas=5,shards=64,leaseDuration=10s,renewDeadline=7s",
         "--set",
         "prometheusUrl=http://prometheus.monitoring:9090,otlpEndpoint=http://collector:4318",
+        "--set",
+        "networkPolicyAllowedNamespaces={ingress-nginx,monitoring}",
     ]);
     let deployment = objects(&rendered)
         .remove(&("Deployment".to_string(), "flotilla-system".to_string(), "flotilla".to_string()))
@@ -138,6 +140,7 @@ fn the_helm_chart_values_reach_the_deployment_and_pass_a_server_side_dry_run() {
         r#"{"name":"FLOTILLA_RENEW_DEADLINE","value":"7s"}"#,
         r#"{"name":"FLOTILLA_PROMETHEUS_URL","value":"http://prometheus.monitoring:9090"}"#,
         r#"{"name":"OTEL_EXPORTER_OTLP_ENDPOINT","value":"http://collector:4318"}"#,
+        r#"{"name":"FLOTILLA_NETWORK_POLICY_ALLOWED_NAMESPACES","value":"ingress-nginx,monitoring"}"#,
     ] {
         assert!(env.contains(want), "{want} in {env}");
     }
