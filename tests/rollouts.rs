@@ -161,7 +161,8 @@ async fn a_bad_template_goes_through_the_canary_and_is_rolled_back_to_the_old_on
         if s.phase == Some(AppPhase::RolledBack) {
             break app;
         }
-        assert!(started.elapsed() < Duration::from_secs(60), "not rolled back in 60 s: {s:?}");
+        // Measured 2.2 s alone; 15 s leaves room for a loaded CI machine, not for a 10x regression.
+        assert!(started.elapsed() < Duration::from_secs(15), "not rolled back in 15 s: {s:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     println!("bad template rolled back {:?} after the change", started.elapsed());

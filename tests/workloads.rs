@@ -301,6 +301,34 @@ async fn policy_objects_follow_the_tenant(client: Client) {
         ]}]),
         "the tenant's namespaces, the Tenant's and the operator's allowed namespaces"
     );
+    // A hand edit that narrows the policy is undone; a limit the Tenant drops goes (the
+    // desired object's fingerprint, not only "is everything asked for there").
+    policy(&a)
+        .patch(
+            "flotilla-tenant",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"podSelector": {"matchLabels": {"only": "me"}}}})),
+        )
+        .await
+        .expect("narrowing the NetworkPolicy by hand");
+    patch_tenant(&client, &t, json!({"limitRange": {"defaultRequest": {"cpu": "50m"}, "max": {"cpu": "2"}}})).await;
+    wait_for(SETTLE, "LimitRange with max", || async {
+        let l = limits(&a).get("flotilla-tenant").await.ok()?;
+        l.spec?.limits.first()?.max.as_ref()?.get("cpu").map(|_| ())
+    })
+    .await;
+    let selector = policy(&a).get("flotilla-tenant").await.expect("policy").spec.map(|s| s.pod_selector);
+    assert_eq!(
+        selector.and_then(|s| s.and_then(|s| s.match_labels)).unwrap_or_default().len(),
+        0,
+        "the narrowed podSelector was put back"
+    );
+    patch_tenant(&client, &t, json!({"limitRange": {"defaultRequest": {"cpu": "50m"}, "max": null}})).await;
+    wait_for(SETTLE, "max removed from the LimitRange", || async {
+        let l = limits(&a).get("flotilla-tenant").await.ok()?;
+        l.spec?.limits.first()?.max.is_none().then_some(())
+    })
+    .await;
     // A namespace joins: it gets both.
     patch_tenant(&client, &t, json!({"namespaces": [a, b]})).await;
     wait_onboarded(&client, &t, &b).await;

@@ -181,7 +181,11 @@ pub fn pod_template(
         c.ports = Some(std::iter::once(http).chain(others).collect());
     }
     let root_asked = pod.security_context.as_ref().and_then(|s| s.run_as_user) == Some(0)
-        || pod.containers.iter().any(|c| c.security_context.as_ref().and_then(|s| s.run_as_user) == Some(0));
+        || pod
+            .containers
+            .iter()
+            .chain(pod.init_containers.iter().flatten())
+            .any(|c| c.security_context.as_ref().and_then(|s| s.run_as_user) == Some(0));
     let pod_sc = pod.security_context.get_or_insert_with(PodSecurityContext::default);
     if pod_sc.run_as_non_root.is_none() && !root_asked {
         pod_sc.run_as_non_root = Some(true);
@@ -390,7 +394,8 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
                 pod.and_then(|s| s.seccomp_profile.as_ref()).map(|s| s.type_.clone()),
                 p.automount_service_account_token,
                 sc.and_then(|s| s.allow_privilege_escalation),
-                sc.and_then(|s| s.capabilities.as_ref()).and_then(|c| c.drop.clone()),
+                // The apiserver drops an empty list: `drop: []` reads back as unset.
+                sc.and_then(|s| s.capabilities.as_ref()).and_then(|c| c.drop.clone()).filter(|d| !d.is_empty()),
             )
         })
     };
@@ -404,6 +409,16 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
     let hash = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_TEMPLATE_HASH).cloned());
     if hash(&desired.metadata).is_some() {
         diff(&mut out, "spec.template", hash(&observed.metadata), hash(&desired.metadata));
+    }
+    // The planner reads a Deployment's revision from it: one removed by hand is put back.
+    let revision = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_REVISION).cloned());
+    if revision(&desired.metadata).is_some() {
+        diff(
+            &mut out,
+            "metadata.annotations[flotilla.dev/revision]",
+            revision(&observed.metadata),
+            revision(&desired.metadata),
+        );
     }
     diff(&mut out, "spec.paused", have.paused.unwrap_or(false).then_some(true), want.paused);
     if want.min_ready_seconds.is_some() || have.min_ready_seconds.unwrap_or(0) != 0 {
@@ -652,7 +667,65 @@ mod tests {
         }
         let after = desired_deployment(&changed, &id);
         let fields: Vec<&str> = deployment_differences(&after, Some(&before)).iter().map(|d| d.field).collect();
-        assert_eq!(fields, ["spec.template"]);
+        assert_eq!(fields, ["spec.template", "metadata.annotations[flotilla.dev/revision]"]);
+    }
+
+    #[test]
+    fn a_removed_revision_annotation_is_a_difference() {
+        let (app, id) = templated("app");
+        let desired = desired_deployment(&app, &id);
+        let mut observed = desired.clone();
+        if let Some(a) = observed.metadata.annotations.as_mut() {
+            a.remove(names::ANNOTATION_REVISION);
+        }
+        let fields: Vec<&str> = deployment_differences(&desired, Some(&observed)).iter().map(|d| d.field).collect();
+        assert_eq!(fields, ["metadata.annotations[flotilla.dev/revision]"]);
+    }
+
+    #[test]
+    fn an_empty_drop_list_reads_back_as_unset_and_is_no_difference() {
+        let (mut app, id) = templated("app");
+        if let Some(pod) = app.spec.template.as_mut().and_then(|t| t.spec.as_mut()) {
+            pod.containers[1].security_context = Some(SecurityContext {
+                capabilities: Some(k8s_openapi::api::core::v1::Capabilities { add: None, drop: Some(vec![]) }),
+                ..SecurityContext::default()
+            });
+        }
+        let desired = desired_deployment(&app, &id);
+        let mut observed = desired.clone();
+        if let Some(pod) = observed.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+            pod.containers[1].security_context.as_mut().and_then(|s| s.capabilities.as_mut()).expect("caps").drop =
+                None;
+        }
+        assert!(deployment_differences(&desired, Some(&observed)).is_empty(), "as the apiserver stores it");
+    }
+
+    #[test]
+    fn an_init_container_as_root_gets_no_run_as_non_root() {
+        let (mut app, id) = templated("app");
+        if let Some(pod) = app.spec.template.as_mut().and_then(|t| t.spec.as_mut()) {
+            pod.init_containers = Some(vec![Container {
+                name: "migrate".into(),
+                image: Some("migrate:1".into()),
+                security_context: Some(SecurityContext { run_as_user: Some(0), ..SecurityContext::default() }),
+                ..Container::default()
+            }]);
+        }
+        let d = desired_deployment(&app, &id);
+        assert_eq!(pod_of(&d).security_context.as_ref().and_then(|s| s.run_as_non_root), None);
+    }
+
+    #[test]
+    fn a_running_template_read_back_renders_the_same_pods() {
+        let (app, id) = templated("app");
+        let running = desired_deployment(&app, &id);
+        let read = template_from_running(&running).expect("template");
+        let mut again = app.clone();
+        again.spec.template = Some(read.clone());
+        let rendered = desired_deployment(&again, &id);
+        assert_eq!(rendered.spec.as_ref().map(|s| &s.template), running.spec.as_ref().map(|s| &s.template));
+        let labels = read.metadata.and_then(|m| m.labels).unwrap_or_default();
+        assert!(labels.keys().all(|k| !k.starts_with("app.kubernetes.io/") && !k.starts_with("flotilla.dev/")));
     }
 
     #[test]

@@ -173,6 +173,13 @@ async fn termination() {
 
 /// Runs the replica until SIGTERM.
 pub async fn run(settings: Settings) -> Result<(), OperatorError> {
+    if settings.network_allowed_namespaces.is_empty() {
+        // Tenant isolation is the default: without this flag no ingress controller and no
+        // Prometheus outside the tenants can reach their pods.
+        tracing::warn!(
+            "--network-policy-allowed-namespaces is empty: the NetworkPolicy of every tenant namespace admits only the tenant's own namespaces (and each Tenant's allowFromNamespaces); name the ingress controller's and the monitoring namespaces there"
+        );
+    }
     let all = clients(&settings, None).await?;
     // Leases and the singleton's election on a connection of their own, outside the bound on
     // requests in flight: renewals must never wait behind the replica's bulk work.

@@ -34,6 +34,8 @@ pub const NETWORK_POLICY: &str = "flotilla-tenant";
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// Finalizer that offboards a Tenant's namespaces before it goes away.
 pub const FINALIZER: &str = "flotilla.dev/offboard";
+/// Fingerprint of what Flotilla last asked of a tenant object (`reconcile::apply`).
+pub const ANNOTATION_DESIRED: &str = "flotilla.dev/desired";
 
 /// The operator's own identity, which the onboarding RoleBinding names.
 #[derive(Clone, Debug, PartialEq, Eq)]

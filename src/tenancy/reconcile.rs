@@ -21,9 +21,9 @@ use tracing::{Span, field, info, instrument, warn};
 
 use super::claim::{Decision, Protection, decide, offboard_refusal};
 use super::desired::{
-    ADMIN_BINDING, FINALIZER, LIMIT_RANGE, NETWORK_POLICY, OPERATOR_BINDING, OperatorIdentity, QUOTA, admin_binding,
-    desired_namespace, limit_range, missing_labels, namespace_labels, network_policy, operator_binding, quota,
-    tenant_name, tenant_status, to_offboard,
+    ADMIN_BINDING, ANNOTATION_DESIRED, FINALIZER, LIMIT_RANGE, NETWORK_POLICY, OPERATOR_BINDING, OperatorIdentity,
+    QUOTA, admin_binding, desired_namespace, limit_range, missing_labels, namespace_labels, network_policy,
+    operator_binding, quota, tenant_name, tenant_status, to_offboard,
 };
 use super::unchanged::covers;
 use crate::api::{NamespaceState, NamespaceStatus, Tenant};
@@ -307,7 +307,7 @@ async fn onboard_namespace(
     }
     let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
     match network_policy(ns, tenant, &ctx.network_allowed) {
-        Some(p) => apply(&policies, NETWORK_POLICY, &p, "NetworkPolicy").await?,
+        Some(p) => apply_with(&policies, NETWORK_POLICY, &p, "NetworkPolicy", true).await?,
         None => delete(&policies, NETWORK_POLICY, "NetworkPolicy").await?,
     }
     match admin_binding(ns, tenant) {
@@ -406,7 +406,15 @@ async fn offboard_all(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, Te
 /// Applies `object`, unless the one in the cluster already says everything it says: the
 /// Tenant is looked at again every few minutes, and with a thousand namespaces re-applying
 /// would be thousands of (unchanging) writes each time; a read is cheaper.
-async fn apply<K>(api: &Api<K>, name: &str, object: &K, kind: &'static str) -> Result<(), TenantError>
+/// `exact_spec`: the object's spec must also equal the desired one (for objects whose spec
+/// the apiserver does not default, so that a hand edit that narrows it is undone too).
+async fn apply_with<K>(
+    api: &Api<K>,
+    name: &str,
+    object: &K,
+    kind: &'static str,
+    exact_spec: bool,
+) -> Result<(), TenantError>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Debug,
 {
@@ -418,9 +426,20 @@ where
         name: name.into(),
         source,
     })?;
+    // The desired object's fingerprint goes with it as an annotation, so that a change that
+    // only removes something (a LimitRange key, a quota) is not "covered" by what is there:
+    // the apply then drops what Flotilla set before and no longer asks for.
+    let mut object = object.clone();
+    let fingerprint = serde_json::to_vec(&object).map(|b| format!("{:016x}", crate::sharding::hash::fnv1a64(&b)));
+    object
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(ANNOTATION_DESIRED.to_string(), fingerprint.unwrap_or_default());
     if let Some(current) = &current
-        && let (Ok(current), Ok(desired)) = (serde_json::to_value(current), serde_json::to_value(object))
+        && let (Ok(current), Ok(desired)) = (serde_json::to_value(current), serde_json::to_value(&object))
         && covers(&current, &desired)
+        && (!exact_spec || current.get("spec") == desired.get("spec"))
     {
         return Ok(());
     }
@@ -428,11 +447,17 @@ where
     // lost the election, and its request arrived after the new leader changed the object)
     // gets 409 instead of undoing the new leader's decision. A late creation is refused by
     // the admission policies, which check the Tenant as it is when the write arrives.
-    let mut object = object.clone();
     object.meta_mut().resource_version = current.and_then(|c| c.meta().resource_version.clone());
     api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&object)).await.map(|_| ()).map_err(
         |source| TenantError::Api { action: "applying", kind, namespace: namespace(), name: name.into(), source },
     )
+}
+
+async fn apply<K>(api: &Api<K>, name: &str, object: &K, kind: &'static str) -> Result<(), TenantError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    apply_with(api, name, object, kind, false).await
 }
 
 /// Deletes an object if it exists (read first, for the same reason as `apply`).

@@ -300,11 +300,44 @@ pub fn parse(text: &str, since: i64, operator_ns: &str, shard_of: impl Fn(&str) 
     Ok(p)
 }
 
-/// Reads and parses the audit log at `path`; a missing, unreadable or empty log is an error
-/// that says so, never an empty history that would pass every check.
+/// The files of the audit log at `path`, oldest first: kube-apiserver rotates it at
+/// `--audit-log-maxsize` (100 MiB) into `audit-<timestamp>.log` beside it. Reading only the
+/// current file would start the history in the middle: writes just after the rotation would
+/// look as if their writer had never renewed its shard (a 500-App chaos run rotated after
+/// 15 minutes and reported 9 such writes, all within the first second of the new file).
+fn log_files(path: &Path) -> Vec<std::path::PathBuf> {
+    let (Some(dir), Some(stem), Some(ext)) = (path.parent(), path.file_stem(), path.extension()) else {
+        return vec![path.to_path_buf()];
+    };
+    let prefix = format!("{}-", stem.to_string_lossy());
+    let ext = ext.to_string_lossy();
+    let mut rotated: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            name.starts_with(&prefix) && name.ends_with(&format!(".{ext}"))
+        })
+        .collect();
+    rotated.sort(); // the timestamps in the names sort in time order
+    rotated.push(path.to_path_buf());
+    rotated
+}
+
+/// Reads and parses the audit log at `path` (with its rotated files); a missing, unreadable
+/// or empty log is an error that says so, never an empty history that would pass every check.
 pub fn read(path: &Path, since: i64, operator_ns: &str, shard_of: impl Fn(&str) -> u32) -> Result<Parsed, AuditError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| AuditError::Unreadable { path: path.display().to_string(), reason: e.to_string() })?;
+    let mut text = String::new();
+    for file in log_files(path) {
+        let part = std::fs::read_to_string(&file)
+            .map_err(|e| AuditError::Unreadable { path: file.display().to_string(), reason: e.to_string() })?;
+        text.push_str(&part);
+        if !text.ends_with('\n') && !text.is_empty() {
+            text.push('\n');
+        }
+    }
     if text.trim().is_empty() {
         return Err(AuditError::Empty { path: path.display().to_string() });
     }
@@ -357,6 +390,22 @@ mod tests {
             lease(0, "b", Some("b"), 11 * S),
             lease(0, "b", Some("b"), 13 * S),
         ]
+    }
+
+    #[test]
+    fn rotated_files_are_read_first_in_time_order() {
+        let dir = std::env::temp_dir().join(format!("flotilla-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for name in ["audit-2026-12-01T23-58-19.232.log", "audit-2026-12-01T23-50-00.000.log", "audit.log", "other.log"]
+        {
+            std::fs::write(dir.join(name), "").expect("file");
+        }
+        let names: Vec<String> = log_files(&dir.join("audit.log"))
+            .iter()
+            .map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+            .collect();
+        assert_eq!(names, ["audit-2026-12-01T23-50-00.000.log", "audit-2026-12-01T23-58-19.232.log", "audit.log"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
