@@ -298,7 +298,15 @@ async fn hostile_bodies_do_not_knock_the_webhook_over() {
         "spec": {"image": "registry.example.com/tests/web", "version": "1", "progressDeadlineSeconds": 120},
     }))
     .expect("App");
-    alpha.create(&PostParams::default(), &app).await.expect("creating a v1alpha1 App");
+    // A list of the empty namespace converts nothing, so the webhook may still be unknown to
+    // the apiserver here (the CRD's caBundle reaches its converter a moment after it is
+    // written: "x509: certificate signed by unknown authority" was seen once). The first
+    // create is the first conversion: retried until the webhook answers.
+    wait_for(Duration::from_secs(30), "a v1alpha1 App created through the webhook", || {
+        let (alpha, app) = (alpha.clone(), app.clone());
+        async move { alpha.create(&PostParams::default(), &app).await.ok() }
+    })
+    .await;
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "flotilla-system");
     let secret = secrets.get("flotilla-webhook-cert").await.expect("the webhook certificate Secret");
