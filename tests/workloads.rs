@@ -229,6 +229,16 @@ async fn owned_fields_are_refused(client: Client) {
     let _ = namespaces.delete(&ns, &Default::default()).await;
 }
 
+/// The message of App `name`'s condition `type_` once its reason is `reason`.
+async fn wait_for_condition(apps: &Api<App>, name: &str, type_: &str, reason: &str) -> String {
+    wait_for(SETTLE, &format!("App {name}: {type_} with reason {reason}"), || async {
+        let a = apps.get(name).await.ok()?;
+        let c = a.status?.conditions.into_iter().find(|c| c.type_ == type_)?;
+        (c.reason == reason).then_some(c.message)
+    })
+    .await
+}
+
 /// Hostile templates. Pods on the host's network, privileged, with a host path: The operator
 /// writes the Deployment (the template is the tenant's to choose), and kube-apiserver's Pod
 /// Security Admission (`enforce: baseline`, the Tenant's default) refuses every pod; the App
@@ -248,12 +258,7 @@ async fn a_privileged_template_gets_no_pod(client: Client) {
     }});
     let apps: Api<App> = Api::namespaced(client.clone(), &ns);
     apps.create(&PostParams::default(), &app("escape", template)).await.expect("the App is valid: PSA judges pods");
-    let message = wait_for(SETTLE, "App escape reports that its pods are refused", || async {
-        let a = apps.get("escape").await.ok()?;
-        let c = a.status?.conditions.into_iter().find(|c| c.type_ == "Progressing")?;
-        (c.reason == "ReplicaFailure").then_some(c.message)
-    })
-    .await;
+    let message = wait_for_condition(&apps, "escape", "Progressing", "ReplicaFailure").await;
     assert!(message.contains("violates PodSecurity \"baseline"), "the App names the refusal: {message}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let list = pods.list(&ListParams::default()).await.expect("pods");
@@ -263,12 +268,7 @@ async fn a_privileged_template_gets_no_pod(client: Client) {
     let env: Vec<Value> = (0..40).map(|i| json!({"name": format!("BLOB_{i}"), "value": "x".repeat(2048)})).collect();
     let huge = json!({"spec": {"containers": [{"name": "app", "env": env}]}});
     apps.create(&PostParams::default(), &app("huge", huge)).await.expect("the App is valid for the apiserver");
-    let message = wait_for(SETTLE, "App huge refused as TemplateTooLarge", || async {
-        let a = apps.get("huge").await.ok()?;
-        let c = a.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
-        (c.reason == "TemplateTooLarge").then_some(c.message)
-    })
-    .await;
+    let message = wait_for_condition(&apps, "huge", "Ready", "TemplateTooLarge").await;
     assert!(message.contains("spec.template is") && message.contains("65536"), "{message}");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     assert!(deployments.get_opt("huge").await.expect("reading").is_none(), "nothing of a refused App is written");

@@ -100,6 +100,11 @@ pub fn revision(version: &str, template: Option<&PodTemplate>) -> String {
     }
 }
 
+/// Whether `template` is the one `rev` was made from (its fingerprint matches).
+pub fn is_template_of(rev: &str, template: &PodTemplate) -> bool {
+    revision(version_of(rev), Some(template)) == rev
+}
+
 /// The version (image tag) of a revision.
 pub fn version_of(revision: &str) -> &str {
     revision.split('+').next().unwrap_or(revision)
@@ -175,6 +180,7 @@ mod tests {
         }
         assert_ne!(revision("1.4.2", Some(&other)), r, "a template change is a new revision");
         assert_eq!(revision("1.4.2", Some(&t.clone())), r, "stable across calls");
+        assert!(is_template_of(&r, &t) && !is_template_of(&r, &other));
     }
 
     #[test]

@@ -406,19 +406,16 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
             desired: "restricted".into(),
         });
     }
-    let hash = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_TEMPLATE_HASH).cloned());
-    if hash(&desired.metadata).is_some() {
-        diff(&mut out, "spec.template", hash(&observed.metadata), hash(&desired.metadata));
-    }
-    // The planner reads a Deployment's revision from it: one removed by hand is put back.
-    let revision = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_REVISION).cloned());
-    if revision(&desired.metadata).is_some() {
-        diff(
-            &mut out,
-            "metadata.annotations[flotilla.dev/revision]",
-            revision(&observed.metadata),
-            revision(&desired.metadata),
-        );
+    // The template's fingerprint stands for the template; the planner reads a Deployment's
+    // revision from its annotation, so one removed by hand is put back.
+    for (field, key) in [
+        ("spec.template", names::ANNOTATION_TEMPLATE_HASH),
+        ("metadata.annotations[flotilla.dev/revision]", names::ANNOTATION_REVISION),
+    ] {
+        let value = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(key).cloned());
+        if value(&desired.metadata).is_some() {
+            diff(&mut out, field, value(&observed.metadata), value(&desired.metadata));
+        }
     }
     diff(&mut out, "spec.paused", have.paused.unwrap_or(false).then_some(true), want.paused);
     if want.min_ready_seconds.is_some() || have.min_ready_seconds.unwrap_or(0) != 0 {

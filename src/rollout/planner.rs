@@ -26,7 +26,7 @@ use super::replicas::{
 };
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED};
-use crate::api::template::{PodTemplate, revision, version_of};
+use crate::api::template::{PodTemplate, is_template_of, revision};
 use crate::api::{
     AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
     RolloutProgress, RolloutRecord, RolloutResult, StrategyType,
@@ -262,19 +262,19 @@ impl Planner<'_> {
     /// The App-level template of `revision`: the spec's for the revision it asks for, the one
     /// kept in status for the stable revision (a rollback renders the template that was
     /// stable, not the spec's new one).
-    fn template_of(&self, revision: &str) -> Option<PodTemplate> {
+    fn template_of(&self, rev: &str) -> Option<PodTemplate> {
         let spec = self.app.spec.template.as_ref();
-        if revision == self.target {
+        if rev == self.target {
             return spec.cloned();
         }
         let kept = self.status.stable_template.as_ref();
         match kept {
-            Some(t) if crate::api::template::revision(version_of(revision), Some(t)) == revision => Some(t.clone()),
+            Some(t) if is_template_of(rev, t) => Some(t.clone()),
             // No template (an App without one, or a revision from before templates existed).
-            _ if !revision.contains('+') => None,
+            _ if !rev.contains('+') => None,
             // Read back from the running stable Deployment when status was lost
             // (`recovered_stable_version`): its fingerprint need not match to the byte.
-            Some(t) if self.status.current_version.as_deref() == Some(revision) => Some(t.clone()),
+            Some(t) if self.status.current_version.as_deref() == Some(rev) => Some(t.clone()),
             _ => spec.cloned(),
         }
     }
@@ -420,7 +420,7 @@ impl Planner<'_> {
         // The template of that revision is the running Deployment's: keep it, so that a
         // rollback brings back these pods and not the spec's new template.
         let kept = self.status.stable_template.as_ref();
-        if version.contains('+') && kept.is_none_or(|t| revision(version_of(&version), Some(t)) != version) {
+        if version.contains('+') && kept.is_none_or(|t| !is_template_of(&version, t)) {
             self.status.stable_template = self.input.observed.stable.and_then(template_from_running);
         }
         self.note(

@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::api::{Analysis, AppSpec, CanaryStep, CanaryStrategy, MetricCheck, RolloutSpec, Strategy};
-use crate::rollout::replicas::image_of;
 use k8s_openapi::api::apps::v1::DeploymentStatus;
 use proptest::prelude::*;
 
@@ -110,6 +109,11 @@ impl<'a> Run<'a> {
         self.stable = Some(observed(self.app, Track::Stable, version, replicas, ready));
         self
     }
+    /// A stable Deployment running `revision` of `template` (not the spec's).
+    fn stable_running(mut self, revision: &str, template: PodTemplate, replicas: i32, ready: i32) -> Self {
+        self.stable = Some(observed_with(self.app, Track::Stable, revision, Some(template), replicas, ready));
+        self
+    }
     fn canary(mut self, version: &str, replicas: i32, ready: i32) -> Self {
         self.canary = Some(observed(self.app, Track::Canary, version, replicas, ready));
         self
@@ -139,7 +143,9 @@ fn advance(app: &App, plan: &Plan) -> App {
 }
 
 fn image(d: &Deployment) -> String {
-    image_of(d).unwrap_or_default().to_string()
+    let containers = d.spec.as_ref().and_then(|s| s.template.spec.as_ref()).map(|p| p.containers.as_slice());
+    let main = containers.and_then(|c| c.get(crate::api::template::main_container(c)?));
+    main.and_then(|c| c.image.clone()).unwrap_or_default()
 }
 
 fn replicas(d: &Deployment) -> Option<i32> {
@@ -702,16 +708,7 @@ fn template_change(mut app: App, old: &str, new: &str) -> (App, String, PodTempl
 #[test]
 fn a_template_change_is_a_canary_rollout_and_the_stable_keeps_the_old_template() {
     let (app, stable_rev, before) = template_change(canary_app(4, &[50], true), "live", "dry-run");
-    let stable = observed_with(&app, Track::Stable, &stable_rev, Some(before), 4, 4);
-    let id = AppIdentity::of(&app).expect("id");
-    let input = Input {
-        app: &app,
-        id: &id,
-        observed: Observed { stable: Some(&stable), canary: None, hpa: None },
-        measurements: None,
-        now: at(0),
-    };
-    let plan = plan(&input).expect("plan");
+    let plan = Run::new(&app).stable_running(&stable_rev, before, 4, 4).plan(0);
     assert_eq!(reasons(&plan), ["RolloutStarted"]);
     let target = plan.status.target_version.clone().expect("target");
     assert!(target.starts_with("2+") && target != stable_rev, "a new revision of version 2: {target}");
@@ -766,16 +763,7 @@ fn a_lost_status_keeps_the_running_template_for_a_rollback() {
     // Deployment must get the running template back, not the spec's.
     let (mut app, stable_rev, before) = template_change(rolling_app(true), "live", "dry-run");
     app.status = None;
-    let running = observed_with(&app, Track::Stable, &stable_rev, Some(before), 4, 4);
-    let id = AppIdentity::of(&app).expect("id");
-    let input = Input {
-        app: &app,
-        id: &id,
-        observed: Observed { stable: Some(&running), canary: None, hpa: None },
-        measurements: None,
-        now: at(0),
-    };
-    let first = plan(&input).expect("plan");
+    let first = Run::new(&app).stable_running(&stable_rev, before, 4, 4).plan(0);
     assert_eq!(reasons(&first), ["StableVersionRecovered", "RolloutStarted"]);
     assert_eq!(first.status.current_version.as_deref(), Some(stable_rev.as_str()));
     assert!(first.status.stable_template.is_some(), "the running template is kept as the stable one");

@@ -62,12 +62,6 @@ pub fn revision_of(d: &Deployment) -> Option<&str> {
     annotated.or_else(|| d.metadata.labels.as_ref()?.get(names::LABEL_VERSION)).map(String::as_str)
 }
 
-/// The image of the application container.
-pub fn image_of(d: &Deployment) -> Option<&str> {
-    let containers = &d.spec.as_ref()?.template.spec.as_ref()?.containers;
-    containers.get(crate::api::template::main_container(containers)?)?.image.as_deref()
-}
-
 /// Ready pods of a Deployment, of any template (0 when it is missing).
 pub fn ready_replicas(d: Option<&Deployment>) -> i32 {
     d.and_then(|d| d.status.as_ref()).and_then(|s| s.ready_replicas).unwrap_or(0)
