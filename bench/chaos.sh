@@ -53,6 +53,7 @@ echo "| version changes (failing ones) | $(fig version_changes) ($(fig failing_v
 echo "| shard Lease writes / ownership intervals | $(fig lease_writes) / $(fig ownership_intervals) |"
 echo "| namespace writes checked | $(fig writes_checked) |"
 echo "| writes refused by the apiserver (from a writer without a current hold) | $(fig writes_refused) ($(fig stale_writes_refused)) |"
+echo "| of which refused by the apiserver's shard fence (403) | $(fig refused_by_shard_fence) |"
 echo "| violating writes (overlap / stale) | $(fig violations) $(echo "$line" | grep -o '(overlap=[^)]*)') |"
 echo "| failing versions promoted | $(fig failed_versions_promoted) |"
 echo "| Apps not settled | $(fig unsettled_apps) |"

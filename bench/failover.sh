@@ -35,7 +35,8 @@ bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
 
 start_replica() {
   local id=$1 port=$2
-  "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$port" --webhook-addr 127.0.0.1:0 --replica-id "$id" >"$WORK/$id.log" 2>&1 &
+  [ -f "$WORK/op-$id.kubeconfig" ] || bash hack/operator-kubeconfig.sh "$CLUSTER" "$WORK/op-$id.kubeconfig" "$id"
+  "$BIN" run --kubeconfig "$WORK/op-$id.kubeconfig" --admin-addr "127.0.0.1:$port" --webhook-addr 127.0.0.1:0 --replica-id "$id" >"$WORK/$id.log" 2>&1 &
   PIDS[$id]=$!
   disown "$!"
   until curl -fs "127.0.0.1:$port/readyz" >/dev/null 2>&1; do sleep 0.1; done

@@ -121,7 +121,9 @@ seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl de
 echo ">> Flotilla: CRDs, RBAC, 3 replicas, tenants onboarding $NAMESPACES namespaces"
 bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
 for i in 0 1 2; do
-  "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
+  # Pod-bound tokens, as in a cluster: the apiserver's shard fence evaluates every write.
+  bash hack/operator-kubeconfig.sh "$CLUSTER" "$WORK/op-$i.kubeconfig" "scale-$i"
+  "$BIN" run --kubeconfig "$WORK/op-$i.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
     >"$WORK/scale-$i.log" 2>&1 &
   PIDS+=($!)
 done
@@ -246,7 +248,7 @@ if [ "$FAILOVER" = 1 ]; then
     step_reconciled=$(since "$t0")
   }
   start_replica() { # start_replica I
-    "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$((9660 + $1))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$1" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
+    "$BIN" run --kubeconfig "$WORK/op-$1.kubeconfig" --admin-addr "127.0.0.1:$((9660 + $1))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$1" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
       >>"$WORK/scale-$1.log" 2>&1 &
     PIDS[$1]=$!
   }

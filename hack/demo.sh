@@ -92,8 +92,11 @@ done
 curl -fs "127.0.0.1:$PROM_PORT/-/ready" >/dev/null || { echo "error: Prometheus did not start; see $DEMO/prometheus.log" >&2; exit 1; }
 
 for i in $(seq 0 $((REPLICAS - 1))); do
+  # Each replica's token is bound to a Pod named like it, as in a cluster, so that the
+  # apiserver refuses its writes into namespaces whose shard it does not hold.
+  bash "$here/operator-kubeconfig.sh" "$CLUSTER" "$DEMO/operator-$i.kubeconfig" "flotilla-$i"
   # Every replica serves the CRDs' conversion webhook on the same port (SO_REUSEPORT).
-  nohup "$BIN" run --kubeconfig "$DEMO/operator.kubeconfig" --admin-addr "127.0.0.1:$((9460 + i))" \
+  nohup "$BIN" run --kubeconfig "$DEMO/operator-$i.kubeconfig" --admin-addr "127.0.0.1:$((9460 + i))" \
     --webhook-addr "127.0.0.1:$WEBHOOK_PORT" --webhook-url "https://127.0.0.1:$WEBHOOK_PORT/convert" \
     --replica-id "flotilla-$i" --prometheus-url "http://127.0.0.1:$PROM_PORT" >"$DEMO/operator-$i.log" 2>&1 &
   echo $! >"$DEMO/operator-$i.pid"

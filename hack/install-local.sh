@@ -2,9 +2,10 @@
 # Puts in a local cluster what an install would, for replicas that run outside it: the CRDs,
 # the operator's namespace and ServiceAccount, the roles of rbac/ and the Lease FlowSchema;
 # then writes a kubeconfig that authenticates as that ServiceAccount. Expects KUBECONFIG to
-# be the admin's.
+# be the admin's. With REPLICA, the token is bound to a placeholder Pod of that name (see
+# operator-kubeconfig.sh); more replicas get theirs from operator-kubeconfig.sh.
 #
-#   hack/install-local.sh CLUSTER KUBECONFIG_OUT
+#   hack/install-local.sh CLUSTER KUBECONFIG_OUT [REPLICA]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -15,4 +16,4 @@ kubectl wait --for=condition=Established crd/apps.flotilla.dev crd/tenants.floti
 kubectl apply -f "$root/deploy/base/namespace.yaml" >/dev/null
 kubectl apply -k "$root/rbac" >/dev/null
 kubectl apply -f "$root/deploy/base/flowschema.yaml" >/dev/null
-bash "$here/operator-kubeconfig.sh" "$cluster" "$out"
+bash "$here/operator-kubeconfig.sh" "$cluster" "$out" "${3:-}"

@@ -337,10 +337,13 @@ impl Slot {
         format!("chaos-{letter}-{incarnation}")
     }
 
-    async fn start(kubeconfig: &std::path::Path, args: &[&str], letter: char, incarnation: u32) -> Self {
+    /// A replica with a token bound to a Pod of its own id (each incarnation is a new Pod,
+    /// as a restarted replica is in a cluster), so that the apiserver's shard fence knows it.
+    async fn start(args: &[&str], letter: char, incarnation: u32) -> Self {
         let id = Self::id(letter, incarnation);
-        let proxy = StallProxy::start(upstream_of(kubeconfig)).await;
-        let op = Operator::start_with(&kubeconfig_via(kubeconfig, &proxy, &id), args, &id).await;
+        let kubeconfig = operator_kubeconfig(&id);
+        let proxy = StallProxy::start(upstream_of(&kubeconfig)).await;
+        let op = Operator::start_with(&kubeconfig_via(&kubeconfig, &proxy, &id), args, &id).await;
         Self { letter, incarnation, op, proxy }
     }
 
@@ -350,18 +353,18 @@ impl Slot {
         }
     }
 
-    async fn restart(&mut self, kubeconfig: &std::path::Path, args: &[&str]) {
-        *self = Self::start(kubeconfig, args, self.letter, self.incarnation + 1).await;
+    async fn restart(&mut self, args: &[&str]) {
+        *self = Self::start(args, self.letter, self.incarnation + 1).await;
     }
 }
 
 /// Injects one fault; returns whether a SIGTERMed replica failed to exit within 20 s.
-async fn inject(fault: Fault, slot: &mut Slot, kubeconfig: &std::path::Path, args: &[&str]) -> bool {
+async fn inject(fault: Fault, slot: &mut Slot, args: &[&str]) -> bool {
     match fault {
         Fault::Kill => {
             let _ = slot.op.child.start_kill();
             let _ = slot.op.child.wait().await;
-            slot.restart(kubeconfig, args).await;
+            slot.restart(args).await;
             false
         }
         Fault::Pause => {
@@ -396,7 +399,7 @@ async fn inject(fault: Fault, slot: &mut Slot, kubeconfig: &std::path::Path, arg
                 let _ = slot.op.child.start_kill();
                 let _ = slot.op.child.wait().await;
             }
-            slot.restart(kubeconfig, args).await;
+            slot.restart(args).await;
             hung
         }
     }
@@ -411,7 +414,6 @@ async fn under_chaos_one_writer_per_namespace_and_no_failed_version_promoted() {
     let started = k8s_openapi::jiff::Timestamp::now().as_microsecond();
     let client = admin_client().await;
     install_crds(&client).await;
-    let kubeconfig = operator_kubeconfig();
     let leases: Api<Lease> = Api::namespaced(client.clone(), OPERATOR_NS);
     let _ =
         leases.delete_collection(&DeleteParams::default(), &ListParams::default().labels("flotilla.dev/lease")).await;
@@ -422,7 +424,7 @@ async fn under_chaos_one_writer_per_namespace_and_no_failed_version_promoted() {
     let args = ["--shards", "32", "--prometheus-url", prom_url.as_str()];
     let mut slots = Vec::new();
     for letter in ['a', 'b', 'c'] {
-        slots.push(Slot::start(&kubeconfig, &args, letter, 0).await);
+        slots.push(Slot::start(&args, letter, 0).await);
     }
 
     // One Tenant onboards every namespace.
@@ -505,7 +507,7 @@ async fn under_chaos_one_writer_per_namespace_and_no_failed_version_promoted() {
         let fault = FAULTS[rng.below(FAULTS.len())];
         let slot = rng.below(slots.len());
         let before = Slot::id(slots[slot].letter, slots[slot].incarnation);
-        hung_on_term += usize::from(inject(fault, &mut slots[slot], &kubeconfig, &args).await);
+        hung_on_term += usize::from(inject(fault, &mut slots[slot], &args).await);
         *faults.entry(fault).or_default() += 1;
         println!("{:>5.1}s {fault:?} on {before}", chaos_started.elapsed().as_secs_f64());
         tokio::time::sleep(params.fault_every).await;
@@ -547,7 +549,7 @@ async fn under_chaos_one_writer_per_namespace_and_no_failed_version_promoted() {
     println!(
         "chaos figures: apps={} namespaces={} chaos={}s faults={fault_total} {faults:?} version_changes={changes} \
          failing_versions_given={bad_given} lease_writes={} ownership_intervals={} writes_checked={} writes_refused={} \
-         stale_writes_refused={} violations={} (overlap={} stale={}) failed_versions_promoted={} \
+         stale_writes_refused={} refused_by_shard_fence={} violations={} (overlap={} stale={}) failed_versions_promoted={} \
          unsettled_apps={} converged_after_last_fault={:.1}s sigterm_hangs={hung_on_term} seed={}",
         params.apps,
         namespaces.len(),
@@ -557,6 +559,7 @@ async fn under_chaos_one_writer_per_namespace_and_no_failed_version_promoted() {
         findings.writes_checked,
         findings.writes_refused,
         findings.stale_refused,
+        findings.forbidden,
         findings.violating_writes(),
         findings.count(audit::Kind::Overlap),
         findings.count(audit::Kind::Stale),

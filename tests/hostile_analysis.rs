@@ -211,7 +211,7 @@ async fn a_hostile_tenant_cannot_turn_analysis_against_the_platform_or_other_ten
     // Two tenants' traffic, in a real Prometheus: the operator's default.
     let exporter = Exporter::start().await;
     let prometheus = Prometheus::start(&[("exporter", exporter.addr())], &[]).await;
-    let kubeconfig = operator_kubeconfig();
+    let kubeconfig = operator_kubeconfig("hostile-analysis");
     let operator =
         Operator::start_with(&kubeconfig, &["--prometheus-url", &prometheus.url()], "hostile-analysis").await;
     let pid = operator.child.id().expect("operator pid");

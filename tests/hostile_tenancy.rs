@@ -434,7 +434,7 @@ async fn reserved_pod_annotations_are_refused(client: Client) {
 async fn the_tenant_boundary_holds() {
     let client = admin_client().await;
     install_crds(&client).await;
-    let kubeconfig = operator_kubeconfig();
+    let kubeconfig = operator_kubeconfig("hostile-tenancy");
     let operator = client_of(&kubeconfig).await;
     let allowed = unique("ingress");
     let _operator =

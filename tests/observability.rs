@@ -58,7 +58,7 @@ async fn prometheus_scrapes_the_operator_and_every_query_returns_data() {
     tool("prometheus");
     let client = admin_client().await;
     install_crds(&client).await;
-    let kubeconfig = operator_kubeconfig();
+    let kubeconfig = operator_kubeconfig("observability");
     let op = Operator::start_with(&kubeconfig, &[], "observability").await;
 
     // Some work, so that every kind of series moves.

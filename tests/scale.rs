@@ -24,10 +24,9 @@ async fn five_hundred_apps_converge_and_then_the_operator_writes_nothing() {
     support::use_private_cluster("flotilla-test-scale");
     let client = admin_client().await;
     install_crds(&client).await;
-    let kubeconfig = operator_kubeconfig();
     let mut ops = Vec::new();
     for i in 0..3 {
-        ops.push(Operator::start_with(&kubeconfig, &[], &format!("scale-{i}")).await);
+        ops.push(Operator::start_with(&operator_kubeconfig(&format!("scale-{i}")), &[], &format!("scale-{i}")).await);
     }
 
     let prefix = unique("sc");

@@ -249,7 +249,6 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     support::use_private_cluster("flotilla-test-sharding");
     let client = admin_client().await;
     install_crds(&client).await;
-    let kubeconfig = operator_kubeconfig();
     // Start from a clean slate: Leases left by operators of other test binaries.
     let leases: Api<Lease> = Api::namespaced(client.clone(), "flotilla-system");
     let _ =
@@ -265,9 +264,9 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     Api::<Tenant>::all(client.clone()).create(&PostParams::default(), &t).await.expect("tenant");
 
     let args = ["--shards", "32"];
-    let a = Operator::start_with(&kubeconfig, &args, "shard-a").await;
-    let mut b = Operator::start_with(&kubeconfig, &args, "shard-b").await;
-    let mut c = Operator::start_with(&kubeconfig, &args, "shard-c").await;
+    let a = Operator::start_with(&operator_kubeconfig("shard-a"), &args, "shard-a").await;
+    let mut b = Operator::start_with(&operator_kubeconfig("shard-b"), &args, "shard-b").await;
+    let mut c = Operator::start_with(&operator_kubeconfig("shard-c"), &args, "shard-c").await;
 
     // 1. Steady state: every shard held exactly once, balanced within one, and no replica
     //    believes it holds more than the Leases say.
@@ -381,7 +380,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     );
 
     // 5. A new replica joins: it gets its share, and shards are never held twice.
-    let mut d = Operator::start_with(&kubeconfig, &args, "shard-d").await;
+    let mut d = Operator::start_with(&operator_kubeconfig("shard-d"), &args, "shard-d").await;
     let joined = wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(15)).await; // 6.7 s
     println!("a joining replica got its share {joined:?} after it was ready");
     wait_for(Duration::from_secs(10), "replicas' own view adds up to 32", || async {
@@ -457,6 +456,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     // 7. A replica whose requests stall (a proxy stops forwarding them) while its Leases renew
     //    on their own path is judged stuck after --stuck-after: it drops its shards, which its
     //    peers take once the Leases expire, and /healthz fails.
+    let kubeconfig = operator_kubeconfig("shard-e");
     let proxy = StallProxy::start(upstream_of(&kubeconfig)).await;
     let stuck_after = Duration::from_secs(10);
     let e = Operator::start_with(
@@ -489,6 +489,7 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     //    half the renew deadline (2 s) to finish, then are cancelled (its fence is closed, no
     //    new write leaves), and it exits within the renew deadline instead of waiting for their
     //    --request-timeout; the shards of the cancelled work are left to expire, not released.
+    let kubeconfig = operator_kubeconfig("shard-f");
     let proxy = StallProxy::start(upstream_of(&kubeconfig)).await;
     let mut f = Operator::start_with(
         &kubeconfig,
@@ -542,7 +543,12 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     //    the Apps it serves fill it and leaves the rest unowned (and says so) instead of
     //    taking all 32.
     let budget = format!("{}", 40 * 1024 * 1024 + 2 * 64 * 1024);
-    let g = Operator::start_with(&kubeconfig, &["--shards", "32", "--memory-budget", &budget], "shard-g").await;
+    let g = Operator::start_with(
+        &operator_kubeconfig("shard-g"),
+        &["--shards", "32", "--memory-budget", &budget],
+        "shard-g",
+    )
+    .await;
     let _ = c.child.start_kill();
     let _ = d.child.start_kill();
     let killed = Instant::now();

@@ -1,6 +1,7 @@
 //! End to end, with the operator authenticated as its ServiceAccount (a TokenRequest token)
 //! and exactly the rbac/ manifests applied: onboarding, refusal of un-onboarded namespaces,
-//! least privilege, offboarding, conflicts, tenant admins, schema validation and quotas.
+//! least privilege, offboarding, conflicts, tenant admins, schema validation, quotas and the
+//! apiserver's shard fence.
 //! One operator serves all scenarios, which run concurrently on distinct tenants.
 
 mod support;
@@ -307,11 +308,82 @@ async fn quota_is_enforced(client: Client) {
     .await;
 }
 
+/// The apiserver's shard fence (rbac/shard-fence.yaml): in a tenant namespace, a write from
+/// a replica that does not hold the namespace's shard Lease is refused by the apiserver
+/// itself, whatever the write (here a create, which no precondition can guard); the holder's
+/// is admitted. A replica whose token is bound to another Pod than its id refuses to start.
+async fn shard_fence(client: Client) {
+    let tenant = unique("fence");
+    let ns = format!("{tenant}-a");
+    create_tenant(&client, &tenant, json!({"namespaces": [ns]})).await;
+    wait_state(&client, &tenant, &ns, NamespaceState::Onboarded).await;
+    let shard = flotilla::sharding::shard_of(&ns, 32);
+    let labelled = Api::<Namespace>::all(client.clone()).get(&ns).await.expect("namespace");
+    assert_eq!(
+        labelled.metadata.labels.unwrap_or_default().get("flotilla.dev/shard"),
+        Some(&shard.to_string()),
+        "the Tenant controller labels the namespace with its shard"
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), "flotilla-system");
+    let lease = format!("flotilla-shard-{shard}");
+    wait_for(SETTLE, &format!("{lease} held by replica tenancy"), || async {
+        let held = leases.get(&lease).await.ok()?.spec?.holder_identity?;
+        (held == "tenancy").then_some(())
+    })
+    .await;
+    let write_as = |kubeconfig: &std::path::Path| {
+        let out = std::process::Command::new(support::kubectl())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "-n",
+                &ns,
+                "create",
+                "deployment",
+                "late-write",
+                "--image=registry.example.com/x",
+                "--dry-run=server",
+            ])
+            .output()
+            .expect("running kubectl");
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let impostor = operator_kubeconfig("fence-impostor");
+    let (ok, out) = write_as(&impostor);
+    assert!(!ok, "a replica that does not hold {lease} wrote in {ns}: {out}");
+    assert!(
+        out.contains(&format!("flotilla-shard-fence: replica fence-impostor does not hold shard Lease {lease}"))
+            && out.contains("held by tenancy"),
+        "refused by the shard fence, naming the replica, the Lease and its holder: {out}"
+    );
+    let (ok, out) = write_as(&operator_kubeconfig("tenancy"));
+    assert!(ok, "the holder of {lease} may write in {ns}: {out}");
+
+    // A replica id that is not the Pod its token is bound to would have every write refused:
+    // the replica says so and exits instead of running fenced out of everything.
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["run", "--replica-id", "not-the-pod", "--admin-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0"])
+        .args(["--memory-budget", "unlimited", "--kubeconfig"])
+        .arg(&impostor)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("a replica with a mismatched token exits within 30 s")
+        .expect("running the operator");
+    let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "a replica with a token bound to another Pod started: {text}");
+    assert!(text.contains("bound to Pod fence-impostor") && text.contains("replica id is not-the-pod"), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenancy_under_real_rbac() {
     let client = admin_client().await;
     install_crds(&client).await;
-    let kubeconfig = operator_kubeconfig();
+    let kubeconfig = operator_kubeconfig("tenancy");
     let _operator = Operator::start_with(&kubeconfig, &[], "tenancy").await;
     tokio::join!(
         onboarding_and_least_privilege(client.clone()),
@@ -321,5 +393,6 @@ async fn tenancy_under_real_rbac() {
         tenant_admins(client.clone()),
         invalid_tenants(client.clone()),
         quota_is_enforced(client.clone()),
+        shard_fence(client.clone()),
     );
 }

@@ -55,7 +55,7 @@ async fn reconcile_spans_reach_jaeger_with_their_attributes() {
 
     let client = admin_client().await;
     install_crds(&client).await;
-    let kubeconfig = operator_kubeconfig();
+    let kubeconfig = operator_kubeconfig("traces");
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"), ("OTEL_BSP_SCHEDULE_DELAY", "200")];
     let _op = Operator::start_with_env(&kubeconfig, &[], "traces", &env).await;
 

@@ -362,7 +362,7 @@ async fn policy_objects_follow_the_tenant(client: Client) {
 async fn apps_run_real_workloads_and_tenants_get_their_policy_objects() {
     let client = admin_client().await;
     install_crds(&client).await;
-    let kubeconfig = operator_kubeconfig();
+    let kubeconfig = operator_kubeconfig("workloads");
     let _operator = Operator::start_with(
         &kubeconfig,
         &["--network-policy-allowed-namespaces", "monitoring,ingress-nginx"],

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod clients;
 pub mod fault;
 pub mod packing;
+pub mod token_identity;
 pub mod wire_fence;
 
 use kube::runtime::events::Reporter;
@@ -28,7 +29,7 @@ use crate::sharding::singleton::run_singleton;
 use crate::sharding::stuck::{Progress, watch_progress};
 use crate::telemetry::Metrics;
 use crate::tenancy::OperatorIdentity;
-use crate::tenancy::controller::tenant_controller;
+use crate::tenancy::controller::{TenantSettings, tenant_controller};
 use crate::tenancy::served::{ServedChannels, ServedConnections};
 use crate::webhook::WebhookSettings;
 use std::time::Duration;
@@ -98,6 +99,8 @@ pub enum OperatorError {
     Prometheus(#[from] crate::rollout::prometheus::ClientError),
     #[error("{0}")]
     Webhook(#[from] crate::webhook::WebhookError),
+    #[error("{0}")]
+    Identity(#[from] token_identity::IdentityMismatch),
 }
 
 /// A client from an explicit kubeconfig, or in-cluster / $KUBECONFIG.
@@ -184,6 +187,17 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     // Leases and the singleton's election on a connection of their own, outside the bound on
     // requests in flight: renewals must never wait behind the replica's bulk work.
     let control = all.client()?;
+    if settings.namespace.is_none() {
+        match token_identity::check(&control, &settings.replica_id).await? {
+            token_identity::ServerFence::Active => {
+                info!(replica = settings.replica_id, "the apiserver fences this replica's writes by its shard Leases");
+            }
+            token_identity::ServerFence::Inactive { why } => tracing::warn!(
+                replica = settings.replica_id,
+                "the apiserver's shard fence does not cover this replica ({why}): a write delayed past the loss of its shard is stopped only by its preconditions. In-cluster replicas have Pod-bound tokens; outside, use `kubectl create token --bound-object-kind Pod`"
+            ),
+        }
+    }
     let workload = match &settings.workload_url {
         Some(url) => clients(&settings, Some(url)).await?,
         None => all,
@@ -280,11 +294,14 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 "progress probe",
                 tokio::spawn(watch_progress(client.clone(), progress.clone(), settings.stuck_after, stop_rx.clone())),
             ));
-            let (tenant_client, identity, protection, network_allowed, tenant_reporter, tenant_metrics) = (
+            let (tenant_client, tenant_settings, tenant_reporter, tenant_metrics) = (
                 client.clone(),
-                settings.identity.clone(),
-                settings.protection.clone(),
-                settings.network_allowed_namespaces.clone(),
+                TenantSettings {
+                    operator: settings.identity.clone(),
+                    protection: settings.protection.clone(),
+                    network_allowed: settings.network_allowed_namespaces.clone(),
+                    shards: settings.sharding.shards,
+                },
                 reporter.clone(),
                 metrics.clone(),
             );
@@ -307,9 +324,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                             move |stop| {
                                 tenant_controller(
                                     tenant_client.clone(),
-                                    identity.clone(),
-                                    protection.clone(),
-                                    network_allowed.clone(),
+                                    tenant_settings.clone(),
                                     tenant_reporter.clone(),
                                     tenant_metrics.clone(),
                                     stopped(stop),

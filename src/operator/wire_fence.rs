@@ -28,10 +28,16 @@ pub struct Fenced {
     pub namespace: String,
 }
 
-/// Whether `err` (as kube's client reports it) is a write this layer refused.
+/// What the apiserver's shard fence (rbac/shard-fence.yaml) begins its refusals with.
+pub const SERVER_FENCE: &str = "flotilla-shard-fence:";
+
+/// Whether `err` (as kube's client reports it) is a write that was fenced: refused by this
+/// layer before it left, or by the apiserver's shard fence because it arrived when this
+/// replica no longer held (or did not yet hold, in the apiserver's cache) the shard.
 pub fn is_fenced(err: &kube::Error) -> bool {
     match err {
         kube::Error::Service(e) => e.downcast_ref::<Fenced>().is_some(),
+        kube::Error::Api(status) => status.code == 403 && status.message.contains(SERVER_FENCE),
         _ => false,
     }
 }

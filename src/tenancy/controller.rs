@@ -15,12 +15,23 @@ use super::reconcile::{TenantContext, error_policy, reconcile};
 use crate::api::Tenant;
 use crate::telemetry::Metrics;
 
+/// What the Tenant controller is told by the command line.
+#[derive(Clone, Debug)]
+pub struct TenantSettings {
+    /// The operator's own identity, which the onboarding RoleBinding names.
+    pub operator: OperatorIdentity,
+    /// Namespaces no Tenant may claim.
+    pub protection: Protection,
+    /// Namespaces every tenant namespace admits traffic from.
+    pub network_allowed: Vec<String>,
+    /// The shard count, for the namespaces' shard label.
+    pub shards: u32,
+}
+
 /// Returns the future that runs the Tenant controller until `shutdown`.
 pub fn tenant_controller(
     client: Client,
-    operator: OperatorIdentity,
-    protection: Protection,
-    network_allowed: Vec<String>,
+    settings: TenantSettings,
     reporter: Reporter,
     metrics: Metrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -31,9 +42,10 @@ pub fn tenant_controller(
         recorder: Recorder::new(client.clone(), reporter),
         client,
         metrics,
-        operator,
-        protection,
-        network_allowed,
+        operator: settings.operator,
+        protection: settings.protection,
+        network_allowed: settings.network_allowed,
+        shards: settings.shards,
     });
     async move {
         controller

@@ -14,6 +14,7 @@ use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::tenant::NonNegativeQuantity;
 use crate::api::{NamespaceState, NamespaceStatus, NetworkIsolation, SubjectKind, Tenant, TenantStatus};
 use crate::app::names::{LABEL_MANAGED_BY, MANAGED_BY};
+use crate::sharding::hash::shard_of;
 
 pub use super::claim::LABEL_TENANT;
 /// ClusterRole that gives the operator exactly what the App reconciler needs in a namespace.
@@ -36,6 +37,9 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 pub const FINALIZER: &str = "flotilla.dev/offboard";
 /// Fingerprint of what Flotilla last asked of a tenant object (`reconcile::apply`).
 pub const ANNOTATION_DESIRED: &str = "flotilla.dev/desired";
+/// The shard of a tenant namespace (`sharding::hash::shard_of`), which the apiserver's shard
+/// fence (rbac/shard-fence.yaml) reads to know whose Lease the namespace's writes need.
+pub const LABEL_SHARD: &str = "flotilla.dev/shard";
 
 /// The operator's own identity, which the onboarding RoleBinding names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,10 +67,14 @@ fn meta(name: &str, namespace: &str, tenant: &str) -> ObjectMeta {
 /// Prefix of the Pod Security Admission labels of a namespace.
 pub const POD_SECURITY_LABEL_PREFIX: &str = "pod-security.kubernetes.io/";
 
-/// The labels every namespace of `tenant` carries: its owner and the Pod Security levels of
-/// `spec.podSecurity` (default: enforce baseline, warn and audit restricted).
-pub fn namespace_labels(tenant: &Tenant) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::from([(LABEL_TENANT.to_string(), tenant_name(tenant))]);
+/// The labels every namespace of `tenant` carries: its owner, its shard among `shards`, and
+/// the Pod Security levels of `spec.podSecurity` (default: enforce baseline, warn and audit
+/// restricted).
+pub fn namespace_labels(namespace: &str, tenant: &Tenant, shards: u32) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (LABEL_TENANT.to_string(), tenant_name(tenant)),
+        (LABEL_SHARD.to_string(), shard_of(namespace, shards).to_string()),
+    ]);
     for (mode, level) in tenant.spec.pod_security.clone().unwrap_or_default().levels() {
         labels.insert(format!("{POD_SECURITY_LABEL_PREFIX}{mode}"), level.as_str().to_string());
     }
@@ -82,9 +90,9 @@ pub fn missing_labels(
 }
 
 /// A namespace created for a tenant.
-pub fn desired_namespace(name: &str, tenant: &Tenant) -> Namespace {
+pub fn desired_namespace(name: &str, tenant: &Tenant, shards: u32) -> Namespace {
     let mut labels = labels(&tenant_name(tenant));
-    labels.extend(namespace_labels(tenant));
+    labels.extend(namespace_labels(name, tenant, shards));
     Namespace {
         metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), ..ObjectMeta::default() },
         ..Namespace::default()
@@ -381,13 +389,14 @@ mod tests {
     fn namespace_labels_carry_owner_and_pod_security() {
         use crate::api::{EnforceLevel, PodSecurity, PodSecurityLevel};
         let mut t = tenant(&["a"]);
-        let labels = namespace_labels(&t);
+        let labels = namespace_labels("a", &t, 32);
         let want = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
             pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
         };
         assert_eq!(
             labels,
             want(&[
+                ("flotilla.dev/shard", &shard_of("a", 32).to_string()),
                 ("flotilla.dev/tenant", "team-a"),
                 ("pod-security.kubernetes.io/audit", "restricted"),
                 ("pod-security.kubernetes.io/enforce", "baseline"),
@@ -399,11 +408,11 @@ mod tests {
             warn: None,
             audit: Some(PodSecurityLevel::Baseline),
         });
-        let labels = namespace_labels(&t);
+        let labels = namespace_labels("a", &t, 32);
         assert_eq!(labels.get("pod-security.kubernetes.io/enforce").map(String::as_str), Some("restricted"));
         assert_eq!(labels.get("pod-security.kubernetes.io/warn").map(String::as_str), Some("restricted"));
         assert_eq!(labels.get("pod-security.kubernetes.io/audit").map(String::as_str), Some("baseline"));
-        let created = desired_namespace("a", &t);
+        let created = desired_namespace("a", &t, 32);
         let created = created.metadata.labels.expect("labels");
         assert_eq!(created.get("app.kubernetes.io/managed-by").map(String::as_str), Some("flotilla"));
         assert!(labels.iter().all(|(k, v)| created.get(k) == Some(v)));

@@ -47,6 +47,8 @@ pub struct TenantContext {
     pub protection: Protection,
     /// Namespaces every tenant namespace admits traffic from (`--network-policy-allowed-namespaces`).
     pub network_allowed: Vec<String>,
+    /// The shard count (`--shards`), for each namespace's `flotilla.dev/shard` label.
+    pub shards: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -272,13 +274,13 @@ async fn onboard_namespace(
     match existing {
         None => {
             // A 409 means someone created it since it was read: fail, and decide again.
-            api.create(&PostParams::default(), &desired_namespace(ns, tenant))
+            api.create(&PostParams::default(), &desired_namespace(ns, tenant, ctx.shards))
                 .await
                 .map_err(|source| error("creating", source))?;
             info!(tenant = me, namespace = ns, "created namespace");
         }
         Some(current) => {
-            let missing = missing_labels(current.labels(), &namespace_labels(tenant));
+            let missing = missing_labels(current.labels(), &namespace_labels(ns, tenant, ctx.shards));
             if !missing.is_empty() {
                 let patch = serde_json::json!({
                     "metadata": {"resourceVersion": current.metadata.resource_version, "labels": missing},

@@ -119,8 +119,12 @@ pub struct Findings {
     pub writes_checked: usize,
     /// Namespace writes the apiserver refused (conflicts, failed preconditions...).
     pub writes_refused: usize,
-    /// Refused writes that would have been violations: stale writers stopped by a precondition.
+    /// Refused writes that would have been violations: stale writers stopped by a precondition
+    /// or by the apiserver's shard fence.
     pub stale_refused: usize,
+    /// Writes the apiserver refused with 403: in a tenant namespace, where the operator has
+    /// the rights, that is the shard fence (rbac/shard-fence.yaml).
+    pub forbidden: usize,
     pub lease_writes: usize,
     /// Ownership changes (intervals) over all shards.
     pub intervals: usize,
@@ -171,6 +175,7 @@ pub fn check(leases: &[LeaseWrite], writes: &[NsWrite]) -> Findings {
         } else {
             f.writes_refused += 1;
             f.stale_refused += usize::from(!found.is_empty());
+            f.forbidden += usize::from(w.code == 403);
         }
     }
     f
