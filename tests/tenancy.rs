@@ -111,6 +111,10 @@ async fn onboarding_and_least_privilege(client: Client) {
     assert!(can_i(&["create", "deployments"], Some(&a)), "create deployments in onboarded {a}");
     assert!(can_i(&["watch", "deployments"], Some(&b)), "watch deployments in onboarded {b}");
     assert!(!can_i(&["create", "deployments"], Some("kube-system")), "no create of deployments in kube-system");
+    // ConfigMaps are read (metadata, for config rollouts), never written; Secrets not at all.
+    assert!(can_i(&["watch", "configmaps"], Some(&a)), "watch configmaps in onboarded {a}");
+    assert!(!can_i(&["update", "configmaps"], Some(&a)), "no write of configmaps in {a}");
+    assert!(!can_i(&["get", "secrets"], Some(&a)), "no read of secrets in {a}");
     assert!(!can_i(&["bind", "clusterroles/cluster-admin"], None), "cannot bind cluster-admin");
 }
 

@@ -2,8 +2,9 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
@@ -26,6 +27,7 @@ pub struct Caches {
     pub deployments: Store<Deployment>,
     pub hpas: Store<HorizontalPodAutoscaler>,
     pub services: Store<Service>,
+    pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
     pub synced: Vec<watch::Receiver<bool>>,
 }
 
@@ -41,6 +43,8 @@ pub struct Context {
     pub hpas: Store<HorizontalPodAutoscaler>,
     /// Services labelled as managed by Flotilla.
     pub services: Store<Service>,
+    /// The metadata of every ConfigMap in the served namespaces (see `app::config`).
+    pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
     /// Takes the measurements that gate rollouts.
     pub analyzer: Analyzer,
     synced: Vec<watch::Receiver<bool>>,
@@ -80,7 +84,7 @@ impl Context {
         caches: Caches,
         analyzer: Analyzer,
     ) -> Self {
-        let Caches { deployments, hpas, services, synced } = caches;
+        let Caches { deployments, hpas, services, config_maps, synced } = caches;
         Self {
             client,
             recorder,
@@ -89,6 +93,7 @@ impl Context {
             deployments,
             hpas,
             services,
+            config_maps,
             analyzer,
             synced,
             fence: None,
@@ -117,6 +122,18 @@ impl Context {
 
     fn key(obj: &DynamicObject) -> (String, String) {
         (obj.namespace().unwrap_or_default(), obj.name_any())
+    }
+
+    /// What the config stamp needs to know of ConfigMap `name` in `namespace`.
+    pub fn config_state(&self, namespace: &str, name: &str) -> crate::app::config::ConfigState {
+        use crate::app::config::{ANNOTATION_TRACKING, ConfigState};
+        match self.config_maps.get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace)) {
+            None => ConfigState::Absent,
+            Some(cm) if cm.annotations().get(ANNOTATION_TRACKING).map(String::as_str) == Some("false") => {
+                ConfigState::Untracked
+            }
+            Some(cm) => ConfigState::Present(cm.resource_version().unwrap_or_default()),
+        }
     }
 
     /// Whether this replica may write in `namespace` now (always, when not sharded).

@@ -4,9 +4,11 @@
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Client, Resource};
 use std::fmt::Debug;
@@ -70,10 +72,12 @@ pub struct Shared {
 }
 
 /// The watch streams that fill the controller's caches of managed objects.
-pub struct ManagedStreams<D, H, S> {
+pub struct ManagedStreams<D, H, S, C> {
     pub deployments: D,
     pub hpas: H,
     pub services: S,
+    /// ConfigMap changes (metadata), mapped to the Apps that read them.
+    pub config_maps: C,
 }
 
 /// The watch streams of one controller's managed objects.
@@ -81,6 +85,7 @@ pub type Streams = ManagedStreams<
     std::pin::Pin<Box<dyn Stream<Item = Result<Deployment, watcher::Error>> + Send>>,
     std::pin::Pin<Box<dyn Stream<Item = Result<HorizontalPodAutoscaler, watcher::Error>> + Send>>,
     std::pin::Pin<Box<dyn Stream<Item = Result<Service, watcher::Error>> + Send>>,
+    std::pin::Pin<Box<dyn Stream<Item = Result<PartialObjectMeta<ConfigMap>, watcher::Error>> + Send>>,
 >;
 
 /// The controller's context and the watch streams that fill its caches. The streams must
@@ -91,9 +96,20 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let (deployments, deployments_synced, deployment_events) = cache::<Deployment>(scope.api(&client), managed(), ());
     let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
     let (services, services_synced, service_events) = cache::<Service>(scope.api(&client), managed(), ());
+    // Every ConfigMap of the namespace, metadata only (kube asks the apiserver for
+    // PartialObjectMetadata: a ConfigMap's data never reaches the replica): which ones an App
+    // reads is in its template, and a label selector would make tenants label them for us.
+    let (config_maps, config_maps_synced, config_map_events) =
+        cache::<PartialObjectMeta<ConfigMap>>(scope.api(&client), watcher::Config::default(), ());
     let recorder = Recorder::new(client.clone(), reporter);
     let app_resource = ApiResource::erase::<App>(&());
-    let caches = Caches { deployments, hpas, services, synced: vec![deployments_synced, hpas_synced, services_synced] };
+    let caches = Caches {
+        deployments,
+        hpas,
+        services,
+        config_maps,
+        synced: vec![deployments_synced, hpas_synced, services_synced, config_maps_synced],
+    };
     let mut ctx = Context::new(client, recorder, metrics, app_resource, caches, analyzer);
     ctx.slots = slots;
     ctx.pod_policy = pod_policy;
@@ -107,6 +123,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         deployments: deployment_events.boxed(),
         hpas: hpa_events.boxed(),
         services: service_events.boxed(),
+        config_maps: config_map_events.boxed(),
     };
     (ctx, streams)
 }
@@ -119,6 +136,40 @@ pub fn apps_api(client: &Client, scope: &Scope) -> Api<DynamicObject> {
         Scope::All => Api::all_with(client.clone(), &app_resource),
         Scope::Namespace(ns) => Api::namespaced_with(client.clone(), ns, &app_resource),
     }
+}
+
+/// The Apps of `config_map`'s namespace whose templates read it: those a change of it rolls.
+fn apps_reading(
+    apps: &Store<DynamicObject>,
+    app_resource: &ApiResource,
+    config_map: &PartialObjectMeta<ConfigMap>,
+) -> Vec<ObjectRef<DynamicObject>> {
+    let (Some(namespace), Some(name)) = (config_map.metadata.namespace.as_deref(), config_map.metadata.name.as_deref())
+    else {
+        return Vec::new();
+    };
+    // A tenant can touch a ConfigMap many times a second: an App whose template does not
+    // even mention the name is passed over without parsing it.
+    fn mentions(value: &serde_json::Value, name: &str) -> bool {
+        match value {
+            serde_json::Value::String(s) => s == name,
+            serde_json::Value::Array(items) => items.iter().any(|v| mentions(v, name)),
+            serde_json::Value::Object(map) => map.values().any(|v| mentions(v, name)),
+            _ => false,
+        }
+    }
+    apps.state()
+        .iter()
+        .filter(|app| app.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|app| {
+            app.data
+                .pointer("/spec/template")
+                .filter(|t| mentions(t, name))
+                .and_then(|t| serde_json::from_value::<crate::api::template::PodTemplate>(t.clone()).ok())
+                .is_some_and(|t| crate::app::config::config_maps_of(&t).contains(name))
+        })
+        .map(|app| ObjectRef::from_obj_with(app.as_ref(), app_resource.clone()))
+        .collect()
 }
 
 /// Returns the future that runs the App controller until `shutdown`. `ready` turns true
@@ -140,10 +191,12 @@ pub fn app_controller(
     };
     let registration = shared.metrics.app_index().register(&namespace, apps.clone());
     let (ctx, streams) = context(client, &scope, shared, served_by);
-    let controller = Controller::for_stream_with(app_events, apps, app_resource)
+    let readers = apps.clone();
+    let controller = Controller::for_stream_with(app_events, apps, app_resource.clone())
         .owns_stream(streams.deployments)
         .owns_stream(streams.hpas)
         .owns_stream(streams.services)
+        .watches_stream(streams.config_maps, move |cm| apps_reading(&readers, &app_resource, &cm))
         .graceful_shutdown_on(shutdown);
     async move {
         // Dropped with this future: the namespace's Apps leave the per-App series.

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{Span, debug, field, info, instrument, warn};
 
+use super::config;
 use super::context::Context;
 use super::desired::{
     AppIdentity, Difference, deployment_differences, desired_hpa, desired_service, hpa_differences, owned_by,
@@ -85,7 +86,7 @@ async fn reconcile_app(
 ) -> Result<Action, ReconcileError> {
     let namespace = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
-    let app: App = match serde_json::to_value(obj).and_then(serde_json::from_value) {
+    let mut app: App = match serde_json::to_value(obj).and_then(serde_json::from_value) {
         Ok(app) => app,
         Err(source) => {
             let writable = ctx.may_write(&namespace);
@@ -148,6 +149,11 @@ async fn reconcile_app(
         let err =
             ReconcileError::PodAnnotationsDenied { namespace: namespace.clone(), name: name.clone(), field, keys };
         return Err(refuse(&app, ctx, err).await);
+    }
+    // The state of the ConfigMaps the pods read is part of the template (`app::config`): a
+    // change of one is a new revision, rolled out by the App's strategy.
+    if let Some(template) = app.spec.template.take() {
+        app.spec.template = Some(config::stamped(template, |cm| ctx.config_state(&namespace, cm)));
     }
 
     // Read: the App's objects from the caches. One that carries Flotilla's labels but is not

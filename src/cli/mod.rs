@@ -173,11 +173,11 @@ pub struct RunArgs {
     /// to the apiserver does not pass HTTP/2 (some proxies).
     #[arg(long, env = "FLOTILLA_API_HTTP2", default_value_t = true, action = clap::ArgAction::Set)]
     pub api_http2: bool,
-    /// Served namespaces per connection to the apiserver. Each has 4 watches, and
+    /// Served namespaces per connection to the apiserver. Each has 5 watches, and
     /// kube-apiserver allows 100 concurrent streams per HTTP/2 connection by default
-    /// (--http2-max-streams-per-connection); 16 leaves 36 streams for requests. Keep
-    /// 4 x this well under the apiserver's limit.
-    #[arg(long, env = "FLOTILLA_NAMESPACES_PER_CONNECTION", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    /// (--http2-max-streams-per-connection); 12 leaves 40 streams for requests. Keep
+    /// 5 x this well under the apiserver's limit.
+    #[arg(long, env = "FLOTILLA_NAMESPACES_PER_CONNECTION", default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub namespaces_per_connection: u16,
     /// Requests this replica has in flight to the apiserver at once, Lease requests excepted
     /// (a watch counts only until its response starts); twice as many reconciles run at once.

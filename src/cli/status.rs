@@ -133,7 +133,14 @@ fn version(app: &App, status: &AppStatus) -> String {
     };
     // Versions here are revisions: `1.4.2`, or `1.4.2+<template fingerprint>` with a template.
     let desired = crate::api::template::revision(&app.spec.version, app.spec.template.as_ref());
-    if target.or(current) != Some(desired.as_str()) {
+    // A template that reads ConfigMaps is stamped with their state by the operator
+    // (`app::config`), which this command does not read: only the version can be compared.
+    let reads_config = app.spec.template.as_ref().is_some_and(|t| !crate::app::config::config_maps_of(t).is_empty());
+    let picked_up = match target.or(current) {
+        Some(rev) if reads_config => crate::api::template::version_of(rev) == app.spec.version,
+        other => other == Some(desired.as_str()),
+    };
+    if !picked_up {
         let rolled_back = status.failed_version.as_ref().is_some_and(|f| f.version == desired);
         let field = if app.spec.template.is_some() { "spec.version+template" } else { "spec.version" };
         if rolled_back {
