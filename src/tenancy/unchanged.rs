@@ -1,6 +1,7 @@
 //! Whether an object already says everything a desired object says, so that a periodic
 //! re-apply can be a read instead of a write.
 
+use kube_quantity::ParsedQuantity;
 use serde_json::Value;
 
 /// `current` covers `desired` when every key `desired` sets is in `current` with a covering
@@ -24,37 +25,18 @@ fn covers_in(current: &Value, desired: &Value, quantities: bool) -> bool {
         (Value::Array(c), Value::Array(d)) => {
             c.len() == d.len() && c.iter().zip(d).all(|(cv, dv)| covers_in(cv, dv, false))
         }
-        (Value::String(c), Value::String(d)) if quantities && c != d => {
-            matches!((quantity(c), quantity(d)), (Some(a), Some(b)) if (a - b).abs() <= 1e-9 * a.abs().max(b.abs()))
-        }
+        (Value::String(c), Value::String(d)) if quantities && c != d => same_quantity(c, d),
         (c, d) => c == d,
     }
 }
 
-/// The value of a Kubernetes quantity (`500m`, `1.5Gi`, `2e3`), or `None`.
-fn quantity(text: &str) -> Option<f64> {
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')).unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let scale = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        exp if exp.starts_with(['e', 'E']) => 10f64.powi(exp[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(number * scale)
+/// Whether two texts are the same Kubernetes quantity (`500m` and `0.5`, `1Gi` and
+/// `1024Mi`), compared exactly in decimal by kube_quantity; false when either is not one.
+fn same_quantity(a: &str, b: &str) -> bool {
+    match (ParsedQuantity::try_from(a), ParsedQuantity::try_from(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -106,8 +88,10 @@ mod tests {
         for (desired, want, what) in cases {
             assert_eq!(covers(&current, &desired), want, "{what}");
         }
-        assert_eq!(quantity("1.5Gi"), Some(1.5 * 1024f64.powi(3)));
-        assert_eq!(quantity("2e3"), Some(2000.0));
-        assert_eq!(quantity("12x"), None);
+        assert!(same_quantity("1.5Gi", "1536Mi"));
+        assert!(same_quantity("2e3", "2k"));
+        assert!(same_quantity("1Gi", "1073741824"));
+        assert!(!same_quantity("1G", "1Gi"));
+        assert!(!same_quantity("12x", "12x"), "not a quantity");
     }
 }
