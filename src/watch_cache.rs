@@ -36,12 +36,26 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
+    cache_with(api, config, dyntype, slim::<K>)
+}
+
+/// Like `cache`, with `modify` deciding what of each object is kept.
+pub fn cache_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    dyntype: K::DynamicType,
+    modify: fn(&mut K),
+) -> (Store<K>, watch::Receiver<bool>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
     let writer = reflector::store::Writer::new(dyntype);
     let reader = writer.as_reader();
     let (synced_tx, synced_rx) = synced_flag();
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(slim::<K>)
+        .modify(modify)
         .reflect(writer)
         // After `reflect`: the store swaps in the initial list when it sees InitDone, so only
         // now does the cache hold it. Flagging earlier let a reconcile read an empty cache.

@@ -493,6 +493,16 @@ async fn a_config_map_change_goes_through_the_canary_and_a_bad_one_is_rolled_bac
                 .expect("editing the ConfigMap")
         }
     };
+    // A label on the ConfigMap is not a new config: nothing rolls.
+    config_maps
+        .patch("web-config", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"labels": {"team": "web"}}})))
+        .await
+        .expect("labelling the ConfigMap");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = rig.app("web").await.status.unwrap_or_default();
+    assert_eq!(s.target_version.as_deref(), Some(stable_revision.as_str()), "a label change started a rollout");
+    assert!(rig.deployment("web-canary").await.is_none(), "a label change made a canary");
+
     edit("broken").await;
     let started = Instant::now();
     let mut canary_stamp = None;

@@ -317,12 +317,12 @@ async fn policy_objects_follow_the_tenant(client: Client) {
         l.spec?.limits.first()?.max.as_ref()?.get("cpu").map(|_| ())
     })
     .await;
-    let selector = policy(&a).get("flotilla-tenant").await.expect("policy").spec.map(|s| s.pod_selector);
-    assert_eq!(
-        selector.and_then(|s| s.and_then(|s| s.match_labels)).unwrap_or_default().len(),
-        0,
-        "the narrowed podSelector was put back"
-    );
+    // The same reconcile writes the LimitRange first, then the NetworkPolicy.
+    wait_for(Duration::from_secs(10), "the narrowed podSelector put back", || async {
+        let selector = policy(&a).get("flotilla-tenant").await.ok()?.spec.map(|s| s.pod_selector);
+        selector.and_then(|s| s.and_then(|s| s.match_labels)).unwrap_or_default().is_empty().then_some(())
+    })
+    .await;
     patch_tenant(&client, &t, json!({"limitRange": {"defaultRequest": {"cpu": "50m"}, "max": null}})).await;
     wait_for(SETTLE, "max removed from the LimitRange", || async {
         let l = limits(&a).get("flotilla-tenant").await.ok()?;

@@ -4,8 +4,9 @@
 //! A pod reads a ConfigMap when it starts (env, envFrom) or through a volume. Editing the
 //! ConfigMap changes nothing in the Deployment, so without help the new config reaches pods
 //! only as they happen to restart, with no canary and no analysis. Flotilla stamps the state
-//! of every ConfigMap the template references (its resourceVersion, as a metadata-only watch
-//! shows it) into the pod template's annotations before planning: a change of a referenced
+//! of every ConfigMap the template references (a fingerprint of its data, read once per
+//! resourceVersion that a metadata-only watch shows) into the pod template's annotations
+//! before planning: a change of a referenced
 //! ConfigMap is a change of the template, hence a new revision, and goes through the App's
 //! strategy like any other. The stable Deployment keeps the stamp of the config it was
 //! started with, so its pods are not restarted until the new revision is promoted.
@@ -19,7 +20,7 @@
 //! tenant namespace (RBAC cannot grant metadata only), and a stolen operator token would
 //! then read them all.
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec};
 use std::collections::BTreeSet;
 
 use crate::api::template::{PodTemplate, TemplateMetadata};
@@ -35,7 +36,7 @@ pub const ANNOTATION_TRACKING: &str = "flotilla.dev/rollout-on-change";
 pub enum ConfigState {
     /// Not found (an optional reference, or one not created yet).
     Absent,
-    /// Present, with its resourceVersion.
+    /// Present, with the fingerprint of its data (`data_fingerprint`).
     Present(String),
     /// Present, and annotated not to roll the Apps that read it.
     Untracked,
@@ -71,6 +72,28 @@ fn spec_refs(spec: &PodSpec) -> BTreeSet<String> {
     }
     out.retain(|n| !n.is_empty());
     out
+}
+
+/// What the ConfigMap cache keeps of one ConfigMap's metadata: its name, namespace, uid,
+/// resourceVersion and the opt-out annotation. Nothing a tenant can make large.
+pub fn slim_config_map(cm: &mut kube::core::PartialObjectMeta<ConfigMap>) {
+    let meta = &cm.metadata;
+    let tracking = meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION_TRACKING)).cloned();
+    cm.metadata = kube::core::ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        annotations: tracking.map(|v| [(ANNOTATION_TRACKING.to_string(), v)].into()),
+        ..Default::default()
+    };
+}
+
+/// A fingerprint of what a pod reads from a ConfigMap: its `data` and `binaryData` (maps,
+/// so serialized in key order), not its labels or annotations.
+pub fn data_fingerprint(config_map: &ConfigMap) -> String {
+    let bytes = serde_json::to_vec(&(&config_map.data, &config_map.binary_data)).unwrap_or_default();
+    format!("{:016x}", crate::sharding::hash::fnv1a64(&bytes))
 }
 
 /// The names of the ConfigMaps a template's pods read: env `configMapKeyRef`, `envFrom`
@@ -174,6 +197,38 @@ mod tests {
         let untracked = |_: &str| ConfigState::Untracked;
         assert_ne!(annotation(&absent), annotation(&before));
         assert_eq!(annotation(&stamped(t.clone(), untracked)), annotation(&stamped(t, untracked)));
+    }
+
+    #[test]
+    fn the_cache_keeps_nothing_a_tenant_can_make_large() {
+        let mut cm: kube::core::PartialObjectMeta<ConfigMap> = serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": "c", "namespace": "n", "resourceVersion": "7", "uid": "u",
+                         "labels": {"a": "b"}, "annotations": {"big": "x".repeat(4096), ANNOTATION_TRACKING: "false"},
+                         "managedFields": [{"manager": "kubectl"}], "finalizers": ["f"]}
+        }))
+        .expect("metadata");
+        slim_config_map(&mut cm);
+        let kept = serde_json::to_value(&cm.metadata).expect("json");
+        assert_eq!(
+            kept,
+            json!({"name": "c", "namespace": "n", "resourceVersion": "7", "uid": "u", "annotations": {ANNOTATION_TRACKING: "false"}})
+        );
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_data_not_the_metadata() {
+        let cm = |data: serde_json::Value, labels: serde_json::Value| -> ConfigMap {
+            serde_json::from_value(json!({"metadata": {"name": "c", "labels": labels}, "data": data})).expect("cm")
+        };
+        let a = data_fingerprint(&cm(json!({"A": "1", "B": "2"}), json!({})));
+        assert_eq!(a, data_fingerprint(&cm(json!({"B": "2", "A": "1"}), json!({"team": "x"}))), "order and labels");
+        assert_ne!(a, data_fingerprint(&cm(json!({"A": "1", "B": "3"}), json!({}))), "a changed value");
+        let binary: ConfigMap = serde_json::from_value(
+            json!({"metadata": {"name": "c"}, "data": {"A": "1", "B": "2"}, "binaryData": {"K": "AAE="}}),
+        )
+        .expect("cm");
+        assert_ne!(a, data_fingerprint(&binary), "binaryData counts");
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub struct Context {
     written: Mutex<HashMap<(String, String), (AppStatus, Instant)>>,
     /// Services this replica applied, until the Service cache shows them.
     applied_services: Mutex<HashMap<(String, String), Applied>>,
+    /// Per ConfigMap an App reads: the resourceVersion whose data was last read, and that
+    /// data's fingerprint (see `config_states`).
+    config_fingerprints: Mutex<HashMap<(String, String), (String, String)>>,
 }
 
 /// The resourceVersion this replica's apply returned, and when.
@@ -103,6 +106,7 @@ impl Context {
             pod_policy: Arc::default(),
             failures: Mutex::default(),
             written: Mutex::default(),
+            config_fingerprints: Mutex::default(),
             applied_services: Mutex::default(),
         }
     }
@@ -124,16 +128,52 @@ impl Context {
         (obj.namespace().unwrap_or_default(), obj.name_any())
     }
 
-    /// What the config stamp needs to know of ConfigMap `name` in `namespace`.
-    pub fn config_state(&self, namespace: &str, name: &str) -> crate::app::config::ConfigState {
-        use crate::app::config::{ANNOTATION_TRACKING, ConfigState};
-        match self.config_maps.get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace)) {
-            None => ConfigState::Absent,
-            Some(cm) if cm.annotations().get(ANNOTATION_TRACKING).map(String::as_str) == Some("false") => {
-                ConfigState::Untracked
-            }
-            Some(cm) => ConfigState::Present(cm.resource_version().unwrap_or_default()),
+    /// What the config stamp needs to know of the ConfigMaps `names` in `namespace`: absent,
+    /// untracked, or present with a fingerprint of its data. The metadata cache says which
+    /// exist and at what resourceVersion; the data of a resourceVersion not seen before is
+    /// read once and only its fingerprint kept, so a change of labels or annotations, or a
+    /// rewrite by the apiserver (storage migration), is not a new config.
+    pub async fn config_states(
+        &self,
+        namespace: &str,
+        names: &std::collections::BTreeSet<String>,
+    ) -> Result<HashMap<String, crate::app::config::ConfigState>, kube::Error> {
+        use crate::app::config::{ANNOTATION_TRACKING, ConfigState, data_fingerprint};
+        let mut out = HashMap::new();
+        for name in names {
+            let cached = self.config_maps.get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace));
+            let state = match cached {
+                None => ConfigState::Absent,
+                Some(cm) if cm.annotations().get(ANNOTATION_TRACKING).map(String::as_str) == Some("false") => {
+                    ConfigState::Untracked
+                }
+                Some(cm) => {
+                    let version = cm.resource_version().unwrap_or_default();
+                    let key = (namespace.to_string(), name.clone());
+                    let known = self.config_fingerprints.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+                    match known {
+                        Some((v, fp)) if v == version => ConfigState::Present(fp),
+                        _ => {
+                            let api: kube::Api<ConfigMap> = kube::Api::namespaced(self.client.clone(), namespace);
+                            match api.get_opt(name).await? {
+                                None => ConfigState::Absent,
+                                Some(full) => {
+                                    let fp = data_fingerprint(&full);
+                                    let read = full.resource_version().unwrap_or_default();
+                                    self.config_fingerprints
+                                        .lock()
+                                        .unwrap_or_else(|p| p.into_inner())
+                                        .insert(key, (read, fp.clone()));
+                                    ConfigState::Present(fp)
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            out.insert(name.clone(), state);
         }
+        Ok(out)
     }
 
     /// Whether this replica may write in `namespace` now (always, when not sharded).

@@ -24,7 +24,7 @@ use crate::api::App;
 use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
-use crate::watch_cache::cache;
+use crate::watch_cache::{cache, cache_with};
 
 /// Who serves a namespace, when sharded: the write fence of this replica's shards and the
 /// tenant the namespace belongs to.
@@ -97,10 +97,18 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
     let (services, services_synced, service_events) = cache::<Service>(scope.api(&client), managed(), ());
     // Every ConfigMap of the namespace, metadata only (kube asks the apiserver for
-    // PartialObjectMetadata: a ConfigMap's data never reaches the replica): which ones an App
+    // PartialObjectMetadata; the data of those an App names is read on change, see
+    // `Context::config_states`): which ones an App
     // reads is in its template, and a label selector would make tenants label them for us.
-    let (config_maps, config_maps_synced, config_map_events) =
-        cache::<PartialObjectMeta<ConfigMap>>(scope.api(&client), watcher::Config::default(), ());
+    // Only a name, a resourceVersion and the opt-out annotation are kept: a tenant's
+    // ConfigMap may carry 256 KiB of annotations, and there may be thousands. Lists come
+    // in pages of 100, so that one page of such metadata stays small too.
+    let (config_maps, config_maps_synced, config_map_events) = cache_with::<PartialObjectMeta<ConfigMap>>(
+        scope.api(&client),
+        watcher::Config::default().page_size(100),
+        (),
+        crate::app::config::slim_config_map,
+    );
     let recorder = Recorder::new(client.clone(), reporter);
     let app_resource = ApiResource::erase::<App>(&());
     let caches = Caches {

@@ -153,7 +153,15 @@ async fn reconcile_app(
     // The state of the ConfigMaps the pods read is part of the template (`app::config`): a
     // change of one is a new revision, rolled out by the App's strategy.
     if let Some(template) = app.spec.template.take() {
-        app.spec.template = Some(config::stamped(template, |cm| ctx.config_state(&namespace, cm)));
+        let names = config::config_maps_of(&template);
+        let states = ctx.config_states(&namespace, &names).await.map_err(|source| ReconcileError::Read {
+            kind: "ConfigMap",
+            namespace: namespace.clone(),
+            name: names.iter().next().cloned().unwrap_or_default(),
+            source,
+        })?;
+        app.spec.template =
+            Some(config::stamped(template, |cm| states.get(cm).cloned().unwrap_or(config::ConfigState::Absent)));
     }
 
     // Read: the App's objects from the caches. One that carries Flotilla's labels but is not

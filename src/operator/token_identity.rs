@@ -41,16 +41,25 @@ pub fn judge(extra: Option<&BTreeMap<String, Vec<String>>>, replica: &str) -> Re
     }
 }
 
-/// Asks the apiserver who this client is, and judges it.
+/// Asks the apiserver who this client is, and judges it. A slow or restarting apiserver is
+/// asked again (5 times, 2 s apart) before the replica starts without knowing: a mismatch
+/// found late would have every write refused.
 pub async fn check(client: &Client, replica: &str) -> Result<ServerFence, IdentityMismatch> {
     let api: Api<SelfSubjectReview> = Api::all(client.clone());
-    match api.create(&PostParams::default(), &SelfSubjectReview::default()).await {
-        Ok(review) => {
-            let extra = review.status.and_then(|s| s.user_info).and_then(|u| u.extra);
-            judge(extra.as_ref(), replica)
+    let mut last = String::new();
+    for attempt in 0..5 {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         }
-        Err(e) => Ok(ServerFence::Inactive { why: format!("the apiserver did not say who this replica is ({e})") }),
+        match api.create(&PostParams::default(), &SelfSubjectReview::default()).await {
+            Ok(review) => {
+                let extra = review.status.and_then(|s| s.user_info).and_then(|u| u.extra);
+                return judge(extra.as_ref(), replica);
+            }
+            Err(e) => last = e.to_string(),
+        }
     }
+    Ok(ServerFence::Inactive { why: format!("the apiserver did not say who this replica is ({last})") })
 }
 
 #[cfg(test)]

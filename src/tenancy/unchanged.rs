@@ -31,7 +31,8 @@ fn covers_in(current: &Value, desired: &Value, quantities: bool) -> bool {
 }
 
 /// Whether two texts are the same Kubernetes quantity (`500m` and `0.5`, `1Gi` and
-/// `1024Mi`), compared exactly in decimal by kube_quantity; false when either is not one.
+/// `1024Mi`), compared in decimal by kube_quantity; false when either is not one it reads
+/// (it does not read the `E` and `Ei` suffixes: such a quantity costs a write per resync).
 fn same_quantity(a: &str, b: &str) -> bool {
     match (ParsedQuantity::try_from(a), ParsedQuantity::try_from(b)) {
         (Ok(a), Ok(b)) => a == b,
