@@ -502,6 +502,7 @@ async fn a_config_map_change_goes_through_the_canary_and_a_bad_one_is_rolled_bac
     let s = rig.app("web").await.status.unwrap_or_default();
     assert_eq!(s.target_version.as_deref(), Some(stable_revision.as_str()), "a label change started a rollout");
     assert!(rig.deployment("web-canary").await.is_none(), "a label change made a canary");
+    assert!(s.history.is_empty() && s.failed_version.is_none(), "a label change was rolled out: {:?}", s.history);
 
     edit("broken").await;
     let started = Instant::now();
