@@ -98,8 +98,8 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let (services, services_synced, service_events) = cache::<Service>(scope.api(&client), managed(), ());
     // Every ConfigMap of the namespace, metadata only (kube asks the apiserver for
     // PartialObjectMetadata; the data of those an App names is read on change, see
-    // `Context::config_states`): which ones an App
-    // reads is in its template, and a label selector would make tenants label them for us.
+    // `Context::config_states`): which ones an App reads is in its template, and a label
+    // selector would make tenants label them for us.
     // Only a name, a resourceVersion and the opt-out annotation are kept: a tenant's
     // ConfigMap may carry 256 KiB of annotations, and there may be thousands. Lists come
     // in pages of 100, so that one page of such metadata stays small too.
