@@ -270,6 +270,7 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     tokio::spawn(streams.deployments.for_each(|_| async {}));
     tokio::spawn(streams.hpas.for_each(|_| async {}));
     tokio::spawn(streams.services.for_each(|_| async {}));
+    tokio::spawn(streams.config_maps.for_each(|_| async {}));
     let dynamic = flotilla::app::controller::apps_api(&client, &scope);
     for name in ["quiet", "still"] {
         for _ in 0..100 {

@@ -120,18 +120,17 @@ fn template(mode: &str) -> serde_json::Value {
     json!({"spec": {"containers": [{"name": "app", "env": [{"name": "MODE", "value": mode}]}]}})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_template_goes_through_the_canary_and_is_rolled_back_to_the_old_one() {
-    let rig = Rig::start("ro-tmpl").await;
-    // The canary's pods serve errors: its series is the one the check reads.
-    rig.traffic("web", "canary-pods", 0.5, 0.05);
+/// Creates App `web` at version 1 with `template`, one canary step of 34% gated by the error
+/// rate of the series `canary-pods` (the test sets what the canary's pods serve there), and
+/// returns its stable revision once Healthy.
+async fn create_templated(rig: &Rig, template: serde_json::Value) -> String {
     let check = json!([{"name": "error-rate", "query": support::rollout::ERROR_RATE.replace("{{version}}", "canary-pods"), "max": 0.05}]);
     rig.apps
         .create(
             &Default::default(),
             &serde_json::from_value(json!({
                 "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "web"},
-                "spec": {"image": "registry.example.com/tests/web", "version": "1", "replicas": 3, "template": template("live"),
+                "spec": {"image": "registry.example.com/tests/web", "version": "1", "replicas": 3, "template": template,
                          "rollout": {"strategy": canary(json!([{"weight": 34}])), "analysis": analysis(check)}},
             }))
             .expect("App"),
@@ -140,7 +139,15 @@ async fn a_bad_template_goes_through_the_canary_and_is_rolled_back_to_the_old_on
         .expect("creating App");
     let app =
         rig.wait_until("web", "Healthy", |a| (a.status.as_ref()?.phase == Some(AppPhase::Healthy)).then_some(())).await;
-    let stable_revision = app.status.and_then(|s| s.current_version).expect("revision");
+    app.status.and_then(|s| s.current_version).expect("revision")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_template_goes_through_the_canary_and_is_rolled_back_to_the_old_one() {
+    let rig = Rig::start("ro-tmpl").await;
+    // The canary's pods serve errors: its series is the one the check reads.
+    rig.traffic("web", "canary-pods", 0.5, 0.05);
+    let stable_revision = create_templated(&rig, template("live")).await;
     assert!(stable_revision.starts_with("1+"), "a revision names the version and the template: {stable_revision}");
     rig.wait_for_data("web", "canary-pods").await;
 
@@ -456,7 +463,6 @@ async fn a_config_map_change_goes_through_the_canary_and_a_bad_one_is_rolled_bac
     let rig = Rig::start("ro-config").await;
     // The canary's pods serve errors until the test says otherwise.
     rig.traffic("web", "canary-pods", 0.5, 0.05);
-    let check = json!([{"name": "error-rate", "query": support::rollout::ERROR_RATE.replace("{{version}}", "canary-pods"), "max": 0.05}]);
     let config_maps: Api<ConfigMap> = Api::namespaced(rig.client.clone(), &rig.ns.name);
     let config = |mode: &str| -> ConfigMap {
         serde_json::from_value(json!({"metadata": {"name": "web-config"}, "data": {"MODE": mode}})).expect("ConfigMap")
@@ -464,21 +470,7 @@ async fn a_config_map_change_goes_through_the_canary_and_a_bad_one_is_rolled_bac
     config_maps.create(&PostParams::default(), &config("live")).await.expect("creating ConfigMap");
     let template =
         json!({"spec": {"containers": [{"name": "app", "envFrom": [{"configMapRef": {"name": "web-config"}}]}]}});
-    rig.apps
-        .create(
-            &Default::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "web"},
-                "spec": {"image": "registry.example.com/tests/web", "version": "1", "replicas": 3, "template": template,
-                         "rollout": {"strategy": canary(json!([{"weight": 34}])), "analysis": analysis(check)}},
-            }))
-            .expect("App"),
-        )
-        .await
-        .expect("creating App");
-    let app =
-        rig.wait_until("web", "Healthy", |a| (a.status.as_ref()?.phase == Some(AppPhase::Healthy)).then_some(())).await;
-    let stable_revision = app.status.and_then(|s| s.current_version).expect("revision");
+    let stable_revision = create_templated(&rig, template).await;
     let stable_stamp = config_stamp_of(&rig.deployment("web").await.expect("stable")).expect("a config stamp");
     rig.wait_for_data("web", "canary-pods").await;
 
