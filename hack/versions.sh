@@ -17,3 +17,5 @@ export PATH=$JAEGER_BIN:$PATH
 HELM_VERSION=v3.22.0
 HELM_BIN=$FLOTILLA_CACHE/helm-$HELM_VERSION
 export PATH=$HELM_BIN:$PATH
+# The real node's kubelet (hack/real-node.sh), same Kubernetes version.
+KUBELET_BIN=$FLOTILLA_CACHE/kubelet-$K8S_VERSION

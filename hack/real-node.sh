@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# One real node beside kwok's fake ones: a kubelet of the control plane's version
+# (hack/build-kubelet.sh), Debian's containerd and runc, and CNI bridge networking, so that
+# pods really run and their IPs answer from this machine (the apiserver can call a webhook
+# at a pod IP). The node is tainted flotilla.dev/real-node=true:NoSchedule: only pods that
+# tolerate it land there; the fake nodes stay for scale. Images come from no registry: they
+# are built here and imported into containerd (`import IMAGE`), and pods use them with
+# imagePullPolicy: Never or IfNotPresent.
+#
+#   hack/real-node.sh up     [CLUSTER]   the cluster (created for a real node) and the node
+#   hack/real-node.sh import IMAGE [CLUSTER]   a local (buildah) image into the node
+#   hack/real-node.sh down   [CLUSTER]   stop the node's kubelet and containerd
+#
+# CLUSTER defaults to flotilla-real. It must be created by this script (it starts it when
+# absent): kwok must leave the real node alone, and kube-apiserver must reach pods by their
+# IPs (there is no kube-proxy) and kubelets by their InternalIP. Needs root (containerd,
+# network namespaces, the bridge). What was checked on these machines: kubelet v1.36 runs on
+# containerd 1.6 (it logs that RuntimeConfig is unimplemented and falls back to cgroupDriver,
+# a fallback removed in 1.37) and on cgroup v1 with failCgroupV1: false.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/versions.sh"
+cmd=${1:-up}; shift || true
+image=
+if [ "$cmd" = import ]; then image=${1:?usage: $0 import IMAGE [CLUSTER]}; shift; fi
+cluster=${1:-flotilla-real}
+node=flotilla-node-0
+export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
+work=$FLOTILLA_CACHE/realnode/$cluster
+pki=$KWOK_WORKDIR/clusters/$cluster/pki
+kubeconfig=$KWOK_WORKDIR/clusters/$cluster/kubeconfig.yaml
+sock=$work/containerd-state/containerd.sock
+ctr() { command ctr --address "$sock" -n k8s.io "$@"; }
+
+stop() { # stop PIDFILE
+  [ -f "$1" ] || return 0
+  kill "$(cat "$1")" 2>/dev/null || true
+  rm -f "$1"
+}
+
+prerequisites() {
+  local missing=()
+  for tool in containerd runc buildah gcc openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+  [ ${#missing[@]} -eq 0 ] && return
+  local pkgs=()
+  for t in "${missing[@]}"; do
+    case $t in gcc) pkgs+=(gcc libc6-dev) ;; *) pkgs+=("$t") ;; esac
+  done
+  echo ">> installing Debian packages: ${pkgs[*]}"
+  [ "$(id -u)" = 0 ] || { echo "error: the real node needs root (containerd, network namespaces)" >&2; exit 1; }
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+}
+
+kwokctl_config() {
+  cat >"$work/kwokctl.yaml" <<YAML
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+componentsPatches:
+- name: kwok-controller
+  extraArgs:
+  - {key: manage-all-nodes, value: "false"}
+  - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}
+- name: kube-apiserver
+  extraArgs:
+  - {key: enable-aggregator-routing, value: "true"}
+  - {key: kubelet-preferred-address-types, value: InternalIP}
+  - {key: kubelet-client-certificate, value: "$pki/admin.crt"}
+  - {key: kubelet-client-key, value: "$pki/admin.key"}
+YAML
+  echo "$work/kwokctl.yaml"
+}
+
+import_archive() { # import_archive IMAGE: buildah's image into the node's containerd
+  local tar=$work/images/$(echo "$1" | tr '/:' '__').tar
+  rm -f "$tar"
+  buildah push -q "$1" "docker-archive:$tar:$1" >/dev/null
+  ctr images import "$tar" >/dev/null
+  rm -f "$tar"
+}
+
+pause_image() {
+  ctr images ls -q 2>/dev/null | grep -qx localhost/flotilla/pause:1 && return
+  local src; src=$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION/build/pause/linux/pause.c
+  [ -f "$src" ] || (cd "$(mktemp -d)" && go mod download "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
+  gcc -static -O2 -o "$work/images/pause" "$src"
+  local c; c=$(buildah from scratch)
+  buildah copy -q "$c" "$work/images/pause" /pause >/dev/null
+  buildah config --entrypoint '["/pause"]' "$c"
+  buildah commit -q "$c" localhost/flotilla/pause:1 >/dev/null
+  buildah rm "$c" >/dev/null
+  import_archive localhost/flotilla/pause:1
+}
+
+start_containerd() {
+  cat >"$work/containerd.toml" <<TOML
+version = 2
+root = "$work/containerd-root"
+state = "$work/containerd-state"
+[grpc]
+  address = "$sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/flotilla/pause:1"
+  # This machine's processes may not lower their OOM score (the pause container asks for -998).
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$work/cni"
+TOML
+  cat >"$work/cni/10-flotilla.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "flotilla", "plugins": [
+  {"type": "bridge", "bridge": "flotilla0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24", "gateway": "10.244.0.1"}]],
+            "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$work/cni-ipam"}},
+  {"type": "loopback"}]}
+JSON
+  command ctr --address "$sock" version >/dev/null 2>&1 && return
+  nohup containerd --config "$work/containerd.toml" >"$work/logs/containerd.log" 2>&1 &
+  echo $! >"$work/containerd.pid"
+  for _ in $(seq 1 100); do command ctr --address "$sock" version >/dev/null 2>&1 && return; sleep 0.1; done
+  echo "error: containerd did not start; see $work/logs/containerd.log" >&2
+  exit 1
+}
+
+start_kubelet() {
+  # A new cluster has a new CA: the node's certificate is made again when the CA does not sign it.
+  if ! openssl verify -CAfile "$pki/ca.crt" "$work/node.crt" >/dev/null 2>&1; then
+    stop "$work/kubelet.pid"
+    openssl req -new -newkey rsa:2048 -nodes -keyout "$work/node.key" -subj "/O=system:nodes/CN=system:node:$node" \
+      -out "$work/node.csr" 2>/dev/null
+    openssl x509 -req -in "$work/node.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 365 \
+      -out "$work/node.crt" 2>/dev/null
+  fi
+  local server; server=$(kubectl --kubeconfig "$kubeconfig" config view -o jsonpath='{.clusters[0].cluster.server}')
+  cat >"$work/kubelet.kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "$server", certificate-authority: "$pki/ca.crt"}}]
+users: [{name: node, user: {client-certificate: "$work/node.crt", client-key: "$work/node.key"}}]
+contexts: [{name: node, context: {cluster: local, user: node}}]
+current-context: node
+KC
+  cat >"$work/kubelet.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$sock
+authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: "$pki/ca.crt"}}
+authorization: {mode: AlwaysAllow}
+readOnlyPort: 0
+rotateCertificates: false
+serverTLSBootstrap: false
+registerWithTaints: [{key: flotilla.dev/real-node, value: "true", effect: NoSchedule}]
+evictionHard: {memory.available: 100Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+maxPods: 30
+failSwapOn: false
+YAML
+  curl -fs 127.0.0.1:10248/healthz >/dev/null 2>&1 && return
+  nohup "$KUBELET_BIN/kubelet" --config "$work/kubelet.yaml" --kubeconfig "$work/kubelet.kubeconfig" \
+    --hostname-override "$node" --root-dir "$work/kubelet" >"$work/logs/kubelet.log" 2>&1 &
+  echo $! >"$work/kubelet.pid"
+}
+
+up() {
+  local start; start=$(date +%s)
+  prerequisites
+  bash "$here/build-kubelet.sh"
+  mkdir -p "$work"/{containerd-root,containerd-state,cni,cni-ipam,kubelet,images,logs}
+  bash "$here/cluster.sh" up "$cluster" --config "$(kwokctl_config)" >/dev/null
+  start_containerd
+  pause_image
+  start_kubelet
+  for _ in $(seq 1 120); do
+    kubectl --kubeconfig "$kubeconfig" get node "$node" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready "node/$node" --timeout=120s >/dev/null || {
+    echo "error: node $node is not Ready; see $work/logs/kubelet.log" >&2
+    exit 1
+  }
+  echo ">> real node $node Ready in cluster '$cluster' in $(( $(date +%s) - start ))s (taint flotilla.dev/real-node)"
+  echo "   export KUBECONFIG=$kubeconfig"
+}
+
+down() {
+  stop "$work/kubelet.pid"
+  stop "$work/containerd.pid"
+}
+
+case $cmd in
+  up) up ;;
+  import) import_archive "$image" ;;
+  down) down ;;
+  *) echo "usage: $0 up|down [CLUSTER] | import IMAGE [CLUSTER]" >&2; exit 2 ;;
+esac
