@@ -13,6 +13,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 cluster=$1 out=$2 replica=${3:-}
 export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
 server=$(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')
+ca=$(kubectl config view -o jsonpath='{.clusters[0].cluster.certificate-authority}')
+ca=${ca:-$KWOK_WORKDIR/clusters/$cluster/pki/ca.crt}
 bound=()
 if [ -n "$replica" ]; then
   kubectl apply --server-side -f - >/dev/null <<POD
@@ -35,7 +37,7 @@ token=$(kubectl -n flotilla-system create token flotilla --duration=24h "${bound
 cat >"$out" <<KC
 apiVersion: v1
 kind: Config
-clusters: [{name: local, cluster: {server: "$server", certificate-authority: "$KWOK_WORKDIR/clusters/$cluster/pki/ca.crt"}}]
+clusters: [{name: local, cluster: {server: "$server", certificate-authority: "$ca"}}]
 users: [{name: flotilla, user: {token: "$token"}}]
 contexts: [{name: flotilla, context: {cluster: local, user: flotilla}}]
 current-context: flotilla

@@ -142,6 +142,36 @@ async fn create_templated(rig: &Rig, template: serde_json::Value) -> String {
     app.status.and_then(|s| s.current_version).expect("revision")
 }
 
+/// Watches App `web` until its rollout is rolled back, at most 15 s (the rollbacks measured
+/// 2.2-2.6 s alone; 15 s leaves room for a loaded CI machine, not for a 10x regression):
+/// `stable` checks the stable Deployment each time, and the stable revision must stay
+/// `stable_revision` throughout (a bad `what` is never promoted). Returns the status and the
+/// last canary Deployment seen.
+async fn until_rolled_back(
+    rig: &Rig,
+    stable_revision: &str,
+    what: &str,
+    stable: impl Fn(&k8s_openapi::api::apps::v1::Deployment),
+) -> (flotilla::api::AppStatus, Option<k8s_openapi::api::apps::v1::Deployment>) {
+    let started = Instant::now();
+    let mut canary = None;
+    loop {
+        if let Some(d) = rig.deployment("web").await {
+            stable(&d);
+        }
+        if let Some(c) = rig.deployment("web-canary").await {
+            canary = Some(c);
+        }
+        let s = rig.app("web").await.status.unwrap_or_default();
+        assert_eq!(s.current_version.as_deref(), Some(stable_revision), "a bad {what} was promoted");
+        if s.phase == Some(AppPhase::RolledBack) {
+            return (s, canary);
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "not rolled back in 15 s: {s:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_template_goes_through_the_canary_and_is_rolled_back_to_the_old_one() {
     let rig = Rig::start("ro-tmpl").await;
@@ -154,27 +184,14 @@ async fn a_bad_template_goes_through_the_canary_and_is_rolled_back_to_the_old_on
     // Only an env var changes: a new revision of the same version, rolled out as a canary.
     rig.patch_spec("web", json!({"template": template("broken")})).await;
     let started = Instant::now();
-    let mut canary_mode = None;
-    let app = loop {
-        if let Some(stable) = rig.deployment("web").await {
-            assert_eq!(mode_of(&stable).as_deref(), Some("live"), "the stable pods were given the new template");
-        }
-        if let Some(c) = rig.deployment("web-canary").await {
-            canary_mode = mode_of(&c);
-        }
-        let app = rig.app("web").await;
-        let s = app.status.clone().unwrap_or_default();
-        assert_eq!(s.current_version.as_deref(), Some(stable_revision.as_str()), "a bad template was promoted");
-        if s.phase == Some(AppPhase::RolledBack) {
-            break app;
-        }
-        // Measured 2.2 s alone; 15 s leaves room for a loaded CI machine, not for a 10x regression.
-        assert!(started.elapsed() < Duration::from_secs(15), "not rolled back in 15 s: {s:?}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let (app, canary) = until_rolled_back(&rig, &stable_revision, "template", |stable| {
+        assert_eq!(mode_of(stable).as_deref(), Some("live"), "the stable pods were given the new template");
+    })
+    .await;
+    let canary_mode = canary.as_ref().and_then(mode_of);
     println!("bad template rolled back {:?} after the change", started.elapsed());
     assert_eq!(canary_mode.as_deref(), Some("broken"), "the canary ran the new template");
-    let s = app.status.expect("status");
+    let s = app;
     let failed = s.failed_version.expect("failed revision");
     assert!(failed.version.starts_with("1+") && failed.version != stable_revision, "{failed:?}");
     assert_eq!(s.history[0].result, RolloutResult::RolledBack);
@@ -498,27 +515,11 @@ async fn a_config_map_change_goes_through_the_canary_and_a_bad_one_is_rolled_bac
 
     edit("broken").await;
     let started = Instant::now();
-    let mut canary_stamp = None;
-    let app = loop {
-        if let Some(stable) = rig.deployment("web").await {
-            assert_eq!(
-                config_stamp_of(&stable).as_deref(),
-                Some(stable_stamp.as_str()),
-                "the stable pods were restarted"
-            );
-        }
-        if let Some(c) = rig.deployment("web-canary").await {
-            canary_stamp = config_stamp_of(&c);
-        }
-        let s = rig.app("web").await.status.unwrap_or_default();
-        assert_eq!(s.current_version.as_deref(), Some(stable_revision.as_str()), "a bad config was promoted");
-        if s.phase == Some(AppPhase::RolledBack) {
-            break s;
-        }
-        // Measured 2.6 s alone; 15 s leaves room for a loaded CI machine, not for a 10x regression.
-        assert!(started.elapsed() < Duration::from_secs(15), "not rolled back in 15 s: {s:?}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let (app, canary) = until_rolled_back(&rig, &stable_revision, "config", |stable| {
+        assert_eq!(config_stamp_of(stable).as_deref(), Some(stable_stamp.as_str()), "the stable pods were restarted");
+    })
+    .await;
+    let canary_stamp = canary.as_ref().and_then(config_stamp_of);
     println!("bad config rolled back {:?} after the ConfigMap changed", started.elapsed());
     assert!(canary_stamp.as_ref().is_some_and(|c| *c != stable_stamp), "the canary ran with the new config's stamp");
     let failed = app.failed_version.expect("failed revision");

@@ -309,72 +309,26 @@ pub fn install_operator_rbac() {
 /// A kubeconfig that authenticates as the operator's ServiceAccount the way a replica in a
 /// Pod does: with a token bound to a Pod named `replica` (the replica's id), so that the
 /// apiserver's shard fence (rbac/shard-fence.yaml) knows which replica sends each request.
-/// The Pod is a placeholder that never runs (a scheduling gate holds it); it exists only so
-/// that a token can be bound to it.
+/// Written by hack/operator-kubeconfig.sh, as for the demo and the benchmarks: the Pod is a
+/// placeholder that never runs (a scheduling gate holds it).
 pub fn operator_kubeconfig(replica: &str) -> PathBuf {
     install_operator_rbac();
-    replica_placeholder_pod(replica);
-    let token = kubectl_ok(&[
-        "-n",
-        "flotilla-system",
-        "create",
-        "token",
-        "flotilla",
-        "--duration=2h",
-        "--bound-object-kind=Pod",
-        &format!("--bound-object-name={replica}"),
-    ]);
-    let admin = std::fs::read_to_string(kubeconfig()).expect("admin kubeconfig");
-    let server =
-        admin.lines().find_map(|l| l.trim().strip_prefix("server: ")).expect("server in kubeconfig").to_string();
-    let ca = admin
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("certificate-authority: "))
-        .expect("certificate-authority in kubeconfig")
-        .to_string();
     let path = std::env::temp_dir().join(format!("flotilla-operator-{}-{replica}.kubeconfig", std::process::id()));
-    let body = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster: {{server: \"{server}\", certificate-authority: \"{ca}\"}}\n\
-         users:\n- name: flotilla\n  user: {{token: \"{}\"}}\ncontexts:\n- name: flotilla\n  context: {{cluster: local, user: flotilla}}\n\
-         current-context: flotilla\n",
-        token.trim()
+    let out = std::process::Command::new("bash")
+        .arg(repo_root().join("hack/operator-kubeconfig.sh"))
+        .arg(cluster_name())
+        .arg(&path)
+        .arg(replica)
+        .env("KUBECONFIG", kubeconfig())
+        .output()
+        .expect("running hack/operator-kubeconfig.sh");
+    assert!(
+        out.status.success(),
+        "hack/operator-kubeconfig.sh failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
-    std::fs::write(&path, body).expect("writing operator kubeconfig");
     path
-}
-
-/// The Pod a replica's token is bound to (created once; kept across runs on the same cluster).
-fn replica_placeholder_pod(replica: &str) {
-    let manifest = format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {replica}
-  namespace: flotilla-system
-  labels:
-    flotilla.dev/test: replica-placeholder
-spec:
-  serviceAccountName: flotilla
-  automountServiceAccountToken: false
-  schedulingGates:
-    - name: flotilla.dev/placeholder
-  securityContext:
-    runAsNonRoot: true
-    runAsUser: 65532
-    seccompProfile:
-      type: RuntimeDefault
-  containers:
-    - name: replica
-      image: flotilla.invalid/placeholder:never-pulled
-      securityContext:
-        allowPrivilegeEscalation: false
-        capabilities:
-          drop: [ALL]
-"#
-    );
-    let path = std::env::temp_dir().join(format!("flotilla-placeholder-{}-{replica}.yaml", std::process::id()));
-    std::fs::write(&path, manifest).expect("writing placeholder Pod");
-    kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-f", &path.display().to_string()]);
 }
 
 /// Runs `hack/cluster.sh <args> <this binary's cluster>`; panics when it fails.
