@@ -67,14 +67,28 @@ impl PrometheusClient {
     pub fn new() -> Result<Self, ClientError> {
         // reqwest is built without a bundled crypto provider; use ring, like the kube client.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .timeout(QUERY_TIMEOUT)
-            .connect_timeout(Duration::from_secs(3))
-            // A redirect would let an allowed endpoint send the operator anywhere (the cloud
-            // metadata address, the apiserver): never followed, reported as an answer.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("flotilla/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let builder = || {
+            reqwest::Client::builder()
+                .timeout(QUERY_TIMEOUT)
+                .connect_timeout(Duration::from_secs(3))
+                // A redirect would let an allowed endpoint send the operator anywhere (the cloud
+                // metadata address, the apiserver): never followed, reported as an answer.
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(concat!("flotilla/", env!("CARGO_PKG_VERSION")))
+        };
+        let http = match builder().build() {
+            Ok(http) => http,
+            // The system's CA certificates are missing (an image without /etc/ssl/certs):
+            // plain HTTP still works, and HTTPS fails its TLS check, which pauses the rollouts
+            // that use it with the reason in their status. Better than not starting at all.
+            Err(error) => {
+                tracing::warn!(
+                    %error,
+                    "no system CA certificates (SSL_CERT_FILE, /etc/ssl/certs): Prometheus over HTTPS will fail its TLS check"
+                );
+                builder().tls_certs_only(Vec::new()).build()?
+            }
+        };
         Ok(Self { http })
     }
 
