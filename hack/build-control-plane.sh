@@ -2,6 +2,7 @@
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
 # kwok and kwokctl from their upstream Go modules at pinned versions, into a
 # cache outside the repository keyed by version. A second run builds nothing.
+# `build-control-plane.sh kubelet` builds the real node's kubelet instead (hack/real-node.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.sh"
@@ -13,9 +14,11 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod
 start=$(date +%s)
 built=0
 
+# build_k8s DEST WHAT CMD...: commands of k8s.io/kubernetes at K8S_VERSION into DEST.
 build_k8s() {
-  [ -f "$K8S_BIN/.complete" ] && return
-  echo ">> building Kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl); cold: about 6-10 min"
+  local dest=$1 what=$2; shift 2
+  [ -f "$dest/.complete" ] && return
+  echo ">> building Kubernetes $K8S_VERSION ($what)"
   local mod; mod=$(mktemp -d)
   (
     cd "$mod"
@@ -26,27 +29,15 @@ build_k8s() {
       go mod edit -replace="$m=$m@$K8S_STAGING_VERSION"
     done
     go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
-    cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+    { printf '//go:build tools\n\npackage tools\n\nimport (\n'; printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$@"; printf ')\n'; } > tools.go
     go mod tidy -e >/dev/null 2>&1 || go mod tidy
     local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-    mkdir -p "$K8S_BIN.tmp"
+    mkdir -p "$dest.tmp"
     go build -trimpath -tags=selinux,notest \
       -ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor" \
-      -o "$K8S_BIN.tmp/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+      -o "$dest.tmp/" "${@/#/k8s.io/kubernetes/cmd/}"
   )
-  rm -rf "$mod" "$K8S_BIN"; mv "$K8S_BIN.tmp" "$K8S_BIN"; touch "$K8S_BIN/.complete"; built=1
+  rm -rf "$mod" "$dest"; mv "$dest.tmp" "$dest"; touch "$dest/.complete"; built=1
 }
 
 build_etcd() {
@@ -75,9 +66,15 @@ build_kwok() {
 mkdir -p "$FLOTILLA_CACHE"
 exec 9>"$FLOTILLA_CACHE/.build.lock"
 flock 9
+if [ "${1:-}" = kubelet ]; then
+  # Only hack/real-node.sh needs it; warm Go build cache: about a minute.
+  build_k8s "$KUBELET_BIN" kubelet kubelet
+  exit 0
+fi
 build_etcd
 build_kwok
-build_k8s
+build_k8s "$K8S_BIN" "kube-apiserver, kube-controller-manager, kube-scheduler, kubectl; cold: about 6-10 min" \
+  kube-apiserver kube-controller-manager kube-scheduler kubectl
 if [ "$built" = 1 ]; then
   echo ">> control plane binaries built in $(( $(date +%s) - start ))s (cold build), cached in $FLOTILLA_CACHE"
 else

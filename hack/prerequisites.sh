@@ -5,7 +5,11 @@
 set -euo pipefail
 
 missing=()
-for tool in flock curl git python3 prometheus promtool; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+for tool in flock curl git python3 prometheus promtool \
+  containerd runc buildah gcc openssl iptables strip; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+# The real node (hack/real-node.sh): containerd and runc run its pods, CNI plugins wire them,
+# buildah builds the images, gcc the pause binary, openssl the node's certificate.
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 if [ ${#missing[@]} -gt 0 ]; then
   pkgs=()
   for t in "${missing[@]}"; do
@@ -13,6 +17,8 @@ if [ ${#missing[@]} -gt 0 ]; then
       flock) pkgs+=(util-linux) ;;
       # Debian's prometheus package: the server for metric gates and dashboard checks, and promtool.
       prometheus | promtool) [[ " ${pkgs[*]} " == *" prometheus "* ]] || pkgs+=(prometheus) ;;
+      gcc) pkgs+=(gcc libc6-dev) ;;
+      strip) pkgs+=(binutils) ;;
       *) pkgs+=("$t") ;;
     esac
   done

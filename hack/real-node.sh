@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One real node beside kwok's fake ones: a kubelet of the control plane's version
-# (hack/build-kubelet.sh), Debian's containerd and runc, and CNI bridge networking, so that
+# (hack/build-control-plane.sh kubelet), Debian's containerd and runc, and CNI bridge networking, so that
 # pods really run and their IPs answer from this machine (the apiserver can call a webhook
 # at a pod IP). The node is tainted flotilla.dev/real-node=true:NoSchedule: only pods that
 # tolerate it land there; the fake nodes stay for scale. Images come from no registry: they
@@ -9,11 +9,14 @@
 #
 #   hack/real-node.sh up     [CLUSTER]   the cluster (created for a real node) and the node
 #   hack/real-node.sh import IMAGE [CLUSTER]   a local (buildah) image into the node
-#   hack/real-node.sh down   [CLUSTER]   stop the node's kubelet and containerd
+#   hack/real-node.sh down   [CLUSTER]   stop the node, its pods and the cluster; remove their
+#                                        mounts, network namespaces, bridge, NAT rule and state
 #
 # CLUSTER defaults to flotilla-real. It must be created by this script (it starts it when
 # absent): kwok must leave the real node alone, and kube-apiserver must reach pods by their
-# IPs (there is no kube-proxy) and kubelets by their InternalIP. Needs root (containerd,
+# IPs (there is no kube-proxy) and kubelets by their InternalIP. Pods reach the apiserver at the
+# `kubernetes` Service's address (10.96.0.1:443) as on any cluster: one NAT rule stands in
+# for kube-proxy there, and the serving certificate names that address. Needs root (containerd,
 # network namespaces, the bridge). What was checked on these machines: kubelet v1.36 runs on
 # containerd 1.6 (it logs that RuntimeConfig is unimplemented and falls back to cgroupDriver,
 # a fallback removed in 1.37) and on cgroup v1 with failCgroupV1: false.
@@ -30,6 +33,9 @@ work=$FLOTILLA_CACHE/realnode/$cluster
 pki=$KWOK_WORKDIR/clusters/$cluster/pki
 kubeconfig=$KWOK_WORKDIR/clusters/$cluster/kubeconfig.yaml
 sock=$work/containerd-state/containerd.sock
+service_ip=10.96.0.1
+gateway=10.244.0.1
+bridge=flotilla0
 ctr() { command ctr --address "$sock" -n k8s.io "$@"; }
 
 stop() { # stop PIDFILE
@@ -39,17 +45,8 @@ stop() { # stop PIDFILE
 }
 
 prerequisites() {
-  local missing=()
-  for tool in containerd runc buildah gcc openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
-  [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
-  [ ${#missing[@]} -eq 0 ] && return
-  local pkgs=()
-  for t in "${missing[@]}"; do
-    case $t in gcc) pkgs+=(gcc libc6-dev) ;; *) pkgs+=("$t") ;; esac
-  done
-  echo ">> installing Debian packages: ${pkgs[*]}"
-  [ "$(id -u)" = 0 ] || { echo "error: the real node needs root (containerd, network namespaces)" >&2; exit 1; }
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+  [ "$(id -u)" = 0 ] || { echo "error: the real node needs root (containerd, network namespaces, iptables)" >&2; exit 1; }
+  bash "$here/prerequisites.sh"
 }
 
 kwokctl_config() {
@@ -67,8 +64,24 @@ componentsPatches:
   - {key: kubelet-preferred-address-types, value: InternalIP}
   - {key: kubelet-client-certificate, value: "$pki/admin.crt"}
   - {key: kubelet-client-key, value: "$pki/admin.key"}
+options:
+  # Pods dial the apiserver at the kubernetes Service's ClusterIP (service_route).
+  kubeApiserverCertSANs: ["$service_ip"]
 YAML
   echo "$work/kwokctl.yaml"
+}
+
+# The part of kube-proxy pods need: the `kubernetes` Service's ClusterIP:443 leads to the
+# apiserver (on every host address; the bridge's gateway is the one pods reach).
+service_rule() { # service_rule -A|-C
+  local port; port=$(kubectl --kubeconfig "$kubeconfig" config view -o jsonpath='{.clusters[0].cluster.server}')
+  port=${port##*:}
+  iptables -t nat "$1" PREROUTING -d "$service_ip/32" -p tcp --dport 443 \
+    -m comment --comment "flotilla-real-node $cluster" -j DNAT --to-destination "$gateway:$port"
+}
+
+service_route() {
+  service_rule -C 2>/dev/null || service_rule -A
 }
 
 import_archive() { # import_archive IMAGE: buildah's image into the node's containerd
@@ -109,8 +122,8 @@ state = "$work/containerd-state"
 TOML
   cat >"$work/cni/10-flotilla.conflist" <<JSON
 {"cniVersion": "1.0.0", "name": "flotilla", "plugins": [
-  {"type": "bridge", "bridge": "flotilla0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24", "gateway": "10.244.0.1"}]],
+  {"type": "bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24", "gateway": "$gateway"}]],
             "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$work/cni-ipam"}},
   {"type": "loopback"}]}
 JSON
@@ -167,11 +180,12 @@ YAML
 up() {
   local start; start=$(date +%s)
   prerequisites
-  bash "$here/build-kubelet.sh"
+  bash "$here/build-control-plane.sh" kubelet
   mkdir -p "$work"/{containerd-root,containerd-state,cni,cni-ipam,kubelet,images,logs}
   bash "$here/cluster.sh" up "$cluster" --config "$(kwokctl_config)" >/dev/null
   start_containerd
   pause_image
+  service_route
   start_kubelet
   for _ in $(seq 1 120); do
     kubectl --kubeconfig "$kubeconfig" get node "$node" >/dev/null 2>&1 && break
@@ -185,9 +199,30 @@ up() {
   echo "   export KUBECONFIG=$kubeconfig"
 }
 
+# Stops the node and removes what it left on the host. Works from any state: a node half
+# started, processes already gone (mounts and namespaces stay behind them), nothing at all.
 down() {
   stop "$work/kubelet.pid"
+  # Containers outlive containerd (each has a shim): kill them while it still answers.
+  if command ctr --address "$sock" version >/dev/null 2>&1; then
+    for task in $(ctr tasks ls -q 2>/dev/null); do ctr tasks kill -s SIGKILL "$task" >/dev/null 2>&1 || true; done
+  fi
   stop "$work/containerd.pid"
+  pkill -KILL -f "containerd-shim.*-address $sock" 2>/dev/null || true
+  for _ in $(seq 1 50); do pgrep -f "containerd-shim.*-address $sock" >/dev/null || break; sleep 0.1; done
+  # Mounts under the node's directories, deepest first: rootfs overlays, shm, pod volumes.
+  grep -F " $work/" /proc/mounts | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  # Pod network namespaces of this node (CNI names them cni-*; the IPAM store lists their
+  # containers), then the bridge: deleting a namespace deletes its end of each veth pair.
+  for ns in $(ip netns list 2>/dev/null | awk '/^cni-/ {print $1}'); do
+    [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && ip netns delete "$ns" 2>/dev/null || true
+  done
+  ip link delete "$bridge" 2>/dev/null || true
+  iptables -t nat -S PREROUTING 2>/dev/null | grep -F "flotilla-real-node $cluster" | sed 's/^-A //' \
+    | while read -r rule; do eval "iptables -t nat -D $rule"; done
+  bash "$here/cluster.sh" down "$cluster" >/dev/null
+  rm -rf "$work"
+  echo ">> real node $node and cluster '$cluster' removed"
 }
 
 case $cmd in

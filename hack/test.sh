@@ -13,17 +13,18 @@ step() { echo; echo "== $* ($(( $(date +%s) - t0 ))s)"; }
 step "prerequisites"
 bash "$here/prerequisites.sh"
 
-step "local control plane, trace backend and Helm (built once, cached in $FLOTILLA_CACHE)"
+step "local control plane, the real node's kubelet, trace backend and Helm (built once, cached in $FLOTILLA_CACHE)"
 bash "$here/build-jaeger.sh" & jaeger=$!
 bash "$here/build-helm.sh" & helm=$!
 bash "$here/build-control-plane.sh"
+bash "$here/build-control-plane.sh" kubelet
 wait "$jaeger"
 wait "$helm"
 bash "$here/cluster.sh" up flotilla-test
 export FLOTILLA_TEST_KUBECONFIG
 FLOTILLA_TEST_KUBECONFIG=$(bash "$here/cluster.sh" kubeconfig flotilla-test)
 if [ "${FLOTILLA_KEEP_CLUSTER:-0}" != 1 ]; then
-  trap 'for c in flotilla-test flotilla-test-sharding flotilla-test-scale flotilla-test-conversion flotilla-test-chaos flotilla-webhook; do bash "$here/cluster.sh" down "$c" >/dev/null 2>&1 || true; done' EXIT
+  trap 'for c in flotilla-test flotilla-test-sharding flotilla-test-scale flotilla-test-conversion flotilla-test-chaos flotilla-webhook; do bash "$here/cluster.sh" down "$c" >/dev/null 2>&1 || true; done; bash "$here/real-node.sh" down flotilla-real >/dev/null 2>&1 || true' EXIT
 fi
 
 step "formatting and lints"

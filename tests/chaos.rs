@@ -19,7 +19,7 @@ mod support;
 #[path = "support/audit.rs"]
 mod audit;
 
-use flotilla::api::{App, AppPhase, NamespaceState, RolloutResult, Tenant};
+use flotilla::api::{App, AppPhase, RolloutResult};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -430,18 +430,7 @@ async fn under_chaos_one_writer_per_namespace_and_no_failed_version_promoted() {
     // One Tenant onboards every namespace.
     let prefix = unique("chaos");
     let namespaces: Vec<String> = (0..params.namespaces()).map(|i| format!("{prefix}-{i}")).collect();
-    let tenant: Tenant = serde_json::from_value(json!({
-        "apiVersion": "flotilla.dev/v1beta1", "kind": "Tenant", "metadata": {"name": prefix},
-        "spec": {"namespaces": namespaces},
-    }))
-    .expect("Tenant");
-    let tenants: Api<Tenant> = Api::all(client.clone());
-    tenants.create(&PostParams::default(), &tenant).await.expect("creating Tenant");
-    wait_for(Duration::from_secs(120), "every namespace onboarded", || async {
-        let s = tenants.get(&prefix).await.ok()?.status?;
-        (s.namespaces.iter().filter(|n| n.state == NamespaceState::Onboarded).count() == namespaces.len()).then_some(())
-    })
-    .await;
+    support::onboard(&client, &prefix, &namespaces).await;
 
     // Apps at version 1, each with a canary gated on its error rate (measured every 2 s, two
     // failures roll back).

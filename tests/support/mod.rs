@@ -186,14 +186,43 @@ impl Drop for TestNamespace {
     }
 }
 
-/// The kubectl built with the control plane.
-pub fn kubectl() -> PathBuf {
+/// A path hack/versions.sh names (`$K8S_BIN/kubectl`, ...).
+fn cached_tool(expr: &str) -> PathBuf {
     let out = std::process::Command::new("bash")
         .arg("-c")
-        .arg(format!(". {}/hack/versions.sh && echo $K8S_BIN/kubectl", repo_root().display()))
+        .arg(format!(". {}/hack/versions.sh && echo {expr}", repo_root().display()))
         .output()
-        .expect("locating kubectl");
+        .expect("reading hack/versions.sh");
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The kubectl built with the control plane.
+pub fn kubectl() -> PathBuf {
+    cached_tool("$K8S_BIN/kubectl")
+}
+
+/// The Helm built by hack/build-helm.sh (hack/test.sh runs it).
+pub fn helm() -> PathBuf {
+    let path = cached_tool("$HELM_BIN/helm");
+    assert!(path.exists(), "{} not found: build it with `bash hack/build-helm.sh` (hack/test.sh does)", path.display());
+    path
+}
+
+/// Creates a Tenant `name` of `namespaces` and waits until every one is onboarded.
+pub async fn onboard(client: &Client, name: &str, namespaces: &[String]) {
+    use flotilla::api::{NamespaceState, Tenant};
+    let tenant: Tenant = serde_json::from_value(serde_json::json!({
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "Tenant", "metadata": {"name": name},
+        "spec": {"namespaces": namespaces},
+    }))
+    .expect("Tenant");
+    let tenants: Api<Tenant> = Api::all(client.clone());
+    tenants.create(&PostParams::default(), &tenant).await.expect("creating the Tenant");
+    wait_for(Duration::from_secs(120), "every namespace onboarded", || async {
+        let s = tenants.get(name).await.ok()?.status?;
+        (s.namespaces.iter().filter(|n| n.state == NamespaceState::Onboarded).count() == namespaces.len()).then_some(())
+    })
+    .await;
 }
 
 /// One operator replica (the real binary), killed when dropped.
