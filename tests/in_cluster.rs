@@ -5,7 +5,8 @@
 //! probe, the conversion webhook reached through its Service, and the PodDisruptionBudget.
 //!
 //! Then the operator upgrades itself by its Deployment's rolling update (`helm upgrade` with a
-//! changed pod annotation), and loses a replica to a forced deletion, while App versions keep
+//! changed pod annotation; the same through kustomize with FLOTILLA_IN_CLUSTER_INSTALL=kustomize,
+//! which bench/in_cluster.sh runs), and loses a replica to a forced deletion, while App versions keep
 //! changing: every App ends at its last version; the apiserver's audit log shows no namespace
 //! written by two replicas at once and no write by a replica after its Lease moved; fewer
 //! than two replicas are never available (the PDB's bound); and the handoff of each replica's
@@ -95,9 +96,56 @@ fn build_image() -> (String, String) {
     (repository.to_string(), tag.to_string())
 }
 
+/// How the test installs the operator: Helm (CI), or `kubectl apply -k` of deploy/base with
+/// an overlay for the local image and the node (FLOTILLA_IN_CLUSTER_INSTALL=kustomize,
+/// bench/in_cluster.sh). Both render the same objects (tests/deploy.rs).
+fn with_kustomize() -> bool {
+    std::env::var("FLOTILLA_IN_CLUSTER_INSTALL").as_deref() == Ok("kustomize")
+}
+
+/// Installs (or, with a new `restarted` value, upgrades) the operator onto the real node.
+fn install(image: &(String, String), restarted: Option<&str>) {
+    if with_kustomize() {
+        kustomize_apply(image, restarted)
+    } else {
+        let annotation = restarted.map(|r| format!("podAnnotations.flotilla\\.dev/restarted={r}"));
+        helm_install(image, annotation.as_slice())
+    }
+}
+
+/// `kubectl apply --server-side -k` of an overlay of deploy/base: the local image, the
+/// node's toleration and selector, and the pod annotation.
+fn kustomize_apply(image: &(String, String), restarted: Option<&str>) {
+    let dir = std::env::temp_dir().join(format!("flotilla-overlay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("overlay dir");
+    // kustomize takes a relative path to the base.
+    let up = "../".repeat(dir.components().count() - 1);
+    let base = format!("{up}{}", repo().join("deploy/base").display().to_string().trim_start_matches('/'));
+    let annotations =
+        restarted.map(|r| format!(r#", annotations: {{flotilla.dev/restarted: "{r}"}}"#)).unwrap_or_default();
+    let overlay = format!(
+        r#"apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [{base}]
+images: [{{name: flotilla, newName: {}, newTag: "{}"}}]
+patches:
+- target: {{kind: Deployment, name: flotilla}}
+  patch: |
+    - {{op: add, path: /spec/template/spec/tolerations, value: [{{key: flotilla.dev/real-node, operator: Exists}}]}}
+    - {{op: add, path: /spec/template/spec/nodeSelector, value: {{kubernetes.io/hostname: {NODE}}}}}
+    - {{op: add, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}}
+    - {{op: add, path: /spec/template/metadata, value: {{labels: {{app.kubernetes.io/name: flotilla}}{annotations}}}}}
+"#,
+        image.0, image.1
+    );
+    std::fs::write(dir.join("kustomization.yaml"), overlay).expect("writing the overlay");
+    kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-k", &dir.display().to_string()]);
+    kubectl_ok(&["-n", NS, "rollout", "status", "deployment/flotilla", "--timeout=180s"]);
+}
+
 /// `helm upgrade --install` of deploy/helm/flotilla onto the real node, waiting for the
 /// rollout; `extra` are more `--set` flags.
-fn helm_install(image: &(String, String), extra: &[&str]) {
+fn helm_install(image: &(String, String), extra: &[String]) {
     let mut cmd = Command::new(helm());
     cmd.env("KUBECONFIG", kubeconfig())
         .args(["upgrade", "--install", "flotilla"])
@@ -108,7 +156,7 @@ fn helm_install(image: &(String, String), extra: &[&str]) {
         .args(["--set-json", r#"tolerations=[{"key":"flotilla.dev/real-node","operator":"Exists"}]"#])
         .args(["--set-json", &format!(r#"nodeSelector={{"kubernetes.io/hostname":"{NODE}"}}"#)]);
     for flag in extra {
-        cmd.args(["--set", flag]);
+        cmd.args(["--set", flag.as_str()]);
     }
     let out = cmd.output().expect("running helm");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -317,7 +365,7 @@ where
 }
 
 #[tokio::test]
-async fn installed_by_helm_on_a_real_node_it_upgrades_itself_and_loses_nothing() {
+async fn installed_on_a_real_node_it_upgrades_itself_and_loses_nothing() {
     let _node = RealNode::up();
     let started = k8s_openapi::jiff::Timestamp::now().as_microsecond();
     let image = build_image();
@@ -325,7 +373,7 @@ async fn installed_by_helm_on_a_real_node_it_upgrades_itself_and_loses_nothing()
 
     // Installed as users do: every replica Ready through its own readiness probe.
     let t = Instant::now();
-    helm_install(&image, &[]);
+    install(&image, None);
     // (helm's --wait is content with replicas - maxUnavailable Ready: wait for all of them.)
     let pods = wait_for(Duration::from_secs(120), "every replica Ready", || async {
         let pods = operator_pods(&client).await;
@@ -336,7 +384,8 @@ async fn installed_by_helm_on_a_real_node_it_upgrades_itself_and_loses_nothing()
         let name = p.metadata.name.clone().unwrap_or_default();
         assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(NODE), "{name} runs on the real node");
     }
-    println!("helm install: {REPLICAS} replicas Ready in {:.1}s", t.elapsed().as_secs_f64());
+    let how = if with_kustomize() { "kubectl apply -k" } else { "helm install" };
+    println!("{how}: {REPLICAS} replicas Ready in {:.1}s", t.elapsed().as_secs_f64());
 
     // Shards balanced among the replicas, within one of each other, and each replica's
     // /metrics (through its pod IP, as Prometheus scrapes it) saying how many it holds.
@@ -421,11 +470,9 @@ async fn installed_by_helm_on_a_real_node_it_upgrades_itself_and_loses_nothing()
 
     // The operator's own rolling update, as `helm upgrade` with a changed pod annotation does it.
     let before: BTreeSet<String> = names.clone();
-    let handoffs = under_changes(&client, &versions, "helm upgrade", async {
+    let handoffs = under_changes(&client, &versions, "rolling update", async {
         let image = image.clone();
-        tokio::task::spawn_blocking(move || helm_install(&image, &["podAnnotations.flotilla\\.dev/restarted=1"]))
-            .await
-            .expect("helm upgrade");
+        tokio::task::spawn_blocking(move || install(&image, Some("1"))).await.expect("upgrade");
     })
     .await;
     let replaced: BTreeSet<String> = handoffs.iter().map(|(p, _)| p.clone()).collect();
