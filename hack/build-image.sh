@@ -8,9 +8,9 @@
 #
 # BINARY is a flotilla binary built for this machine (cargo's, any profile); it is stripped and
 # put in an image `from scratch` with the shared libraries it links (glibc's loader, libc, libm,
-# libgcc_s: what `ldd` lists) and the system's CA bundle, so no second, static build is needed. The tag is the stripped
-# binary's digest: the same binary gives the same image, a new one a new tag (which is what a
-# `helm upgrade` to a new version looks like). The image runs as 65532:65532, like the
+# libgcc_s: what `ldd` lists) and the system's CA bundle, so no second, static build is needed.
+# The tag is the digest of the stripped binary and the CA bundle: the same binary gives the
+# same image, a new one a new tag (which is what a `helm upgrade` to a new version looks like). The image runs as 65532:65532, like the
 # Dockerfile's, and holds nothing else: no shell, no package manager.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +24,7 @@ done
 work=$FLOTILLA_CACHE/image
 mkdir -p "$work"
 strip -o "$work/flotilla" "$binary"
-tag=$(sha256sum "$work/flotilla" | cut -c1-12)
+tag=$(cat "$work/flotilla" /etc/ssl/certs/ca-certificates.crt 2>/dev/null | sha256sum | cut -c1-12)
 image=localhost/flotilla:$tag
 if ! buildah images -q "$image" >/dev/null 2>&1; then
   c=$(buildah from scratch)

@@ -27,6 +27,7 @@ cmd=${1:-up}; shift || true
 image=
 if [ "$cmd" = import ]; then image=${1:?usage: $0 import IMAGE [CLUSTER]}; shift; fi
 cluster=${1:-flotilla-real}
+[[ $cluster =~ ^[a-z0-9][a-z0-9-]*$ ]] || { echo "error: cluster name '$cluster': lowercase letters, digits and -" >&2; exit 2; }
 node=flotilla-node-0
 export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
 work=$FLOTILLA_CACHE/realnode/$cluster
@@ -38,9 +39,12 @@ gateway=10.244.0.1
 bridge=flotilla0
 ctr() { command ctr --address "$sock" -n k8s.io "$@"; }
 
-stop() { # stop PIDFILE
+stop() { # stop PIDFILE: only a process that is still ours (a PID may be reused after a reboot)
   [ -f "$1" ] || return 0
-  kill "$(cat "$1")" 2>/dev/null || true
+  local pid; pid=$(cat "$1")
+  if [[ $pid =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$work/"; then
+    kill "$pid" 2>/dev/null || true
+  fi
   rm -f "$1"
 }
 
@@ -73,15 +77,23 @@ YAML
 
 # The part of kube-proxy pods need: the `kubernetes` Service's ClusterIP:443 leads to the
 # apiserver (on every host address; the bridge's gateway is the one pods reach).
-service_rule() { # service_rule -A|-C
-  local port; port=$(kubectl --kubeconfig "$kubeconfig" config view -o jsonpath='{.clusters[0].cluster.server}')
-  port=${port##*:}
-  iptables -t nat "$1" PREROUTING -d "$service_ip/32" -p tcp --dport 443 \
-    -m comment --comment "flotilla-real-node $cluster" -j DNAT --to-destination "$gateway:$port"
+service_rule() { # service_rule -A|-C|-D DESTINATION
+  iptables -t nat "$1" PREROUTING -i "$bridge" -d "$service_ip/32" -p tcp --dport 443 \
+    -m comment --comment "flotilla-real-node $cluster" -j DNAT --to-destination "$2"
+}
+
+# Destinations of this cluster's rules (a rule of an earlier run may point at an old port).
+service_destinations() {
+  iptables -t nat -S PREROUTING 2>/dev/null \
+    | awk -v c="--comment \"flotilla-real-node $cluster\" " 'index($0, c) {for (i = 1; i < NF; i++) if ($i == "--to-destination") print $(i + 1)}' \
+    | grep -E '^[0-9.]+:[0-9]+$' || true
 }
 
 service_route() {
-  service_rule -C 2>/dev/null || service_rule -A
+  local port; port=$(kubectl --kubeconfig "$kubeconfig" config view -o jsonpath='{.clusters[0].cluster.server}')
+  local want=$gateway:${port##*:}
+  for dest in $(service_destinations); do [ "$dest" = "$want" ] || service_rule -D "$dest"; done
+  service_rule -C "$want" 2>/dev/null || service_rule -A "$want"
 }
 
 import_archive() { # import_archive IMAGE: buildah's image into the node's containerd
@@ -116,6 +128,9 @@ state = "$work/containerd-state"
   sandbox_image = "localhost/flotilla/pause:1"
   # This machine's processes may not lower their OOM score (the pause container asks for -998).
   restrict_oom_score_adj = true
+  # Pod network namespaces under the state directory, not /run/netns: "down" then removes
+  # this node's and no one else's.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$work/cni"
@@ -179,6 +194,13 @@ YAML
 
 up() {
   local start; start=$(date +%s)
+  # One real node per machine: the kubelet's ports, the bridge and the subnet are fixed.
+  for other in "$FLOTILLA_CACHE"/realnode/*; do
+    [ -d "$other" ] && [ "$other" != "$work" ] && {
+      echo "error: the real node of cluster '${other##*/}' is up; take it down first: bash $0 down ${other##*/}" >&2
+      exit 1
+    }
+  done
   prerequisites
   bash "$here/build-control-plane.sh" kubelet
   mkdir -p "$work"/{containerd-root,containerd-state,cni,cni-ipam,kubelet,images,logs}
@@ -211,17 +233,13 @@ down() {
   pkill -KILL -f "containerd-shim.*-address $sock" 2>/dev/null || true
   for _ in $(seq 1 50); do pgrep -f "containerd-shim.*-address $sock" >/dev/null || break; sleep 0.1; done
   # Mounts under the node's directories, deepest first: rootfs overlays, shm, pod volumes.
-  grep -F " $work/" /proc/mounts | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
-  # Pod network namespaces of this node (CNI names them cni-*; the IPAM store lists their
-  # containers), then the bridge: deleting a namespace deletes its end of each veth pair.
-  for ns in $(ip netns list 2>/dev/null | awk '/^cni-/ {print $1}'); do
-    [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && ip netns delete "$ns" 2>/dev/null || true
-  done
+  # Pod network namespaces are among them (containerd keeps them under its state directory):
+  # unmounted, each is gone with its end of the veth pair.
+  { grep -F " $work/" /proc/mounts || true; } | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   ip link delete "$bridge" 2>/dev/null || true
-  iptables -t nat -S PREROUTING 2>/dev/null | grep -F "flotilla-real-node $cluster" | sed 's/^-A //' \
-    | while read -r rule; do eval "iptables -t nat -D $rule"; done
+  for dest in $(service_destinations); do service_rule -D "$dest" 2>/dev/null || true; done
   bash "$here/cluster.sh" down "$cluster" >/dev/null
-  rm -rf "$work"
+  rm -rf --one-file-system "$work"
   echo ">> real node $node and cluster '$cluster' removed"
 }
 

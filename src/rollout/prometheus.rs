@@ -84,7 +84,7 @@ impl PrometheusClient {
             Err(error) => {
                 tracing::warn!(
                     %error,
-                    "no system CA certificates (SSL_CERT_FILE, /etc/ssl/certs): Prometheus over HTTPS will fail its TLS check"
+                    "the Prometheus client could not use the system's CA certificates (SSL_CERT_FILE, /etc/ssl/certs); Prometheus over HTTPS will fail its TLS check"
                 );
                 builder().tls_certs_only(Vec::new()).build()?
             }
