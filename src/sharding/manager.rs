@@ -1,6 +1,6 @@
 //! The shard manager of one replica: renews what it holds, fences itself when renewing fails,
 //! takes its fair share of free or expired shards, hands surplus back, and on shutdown stops
-//! its work before releasing every Lease.
+//! its work and releases each Lease once that shard's work has stopped.
 //!
 //! Renewals run in a loop of their own, several at once (at most `RENEWALS_IN_FLIGHT`), so
 //! they never wait behind a list, an acquisition or a release: at 100 ms of apiserver latency
@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use super::budget::Budget;
 use super::fence::Fence;
+use super::handoff::release_as_stopped;
 use super::leases::{
     LABEL_FULL, LABEL_SHARDS, LeaseError, Leases, holder, is_member, shard_lease_name, shard_of_lease,
 };
@@ -202,19 +203,14 @@ pub async fn run_shard_manager(
     );
     tokio::join!(renewing, balancing);
 
-    // Graceful handoff: stop all work first, then release every Lease so peers take over at once.
+    // Graceful handoff: stop all work, and release each shard's Lease as soon as its own work
+    // has stopped, so that peers take over each shard at once. Shards whose work was cancelled
+    // rather than stopped may still have writes on their way: their Leases expire (a lease
+    // duration after the last renewal) instead.
     let shards: Vec<u32> = holdings.shards().into_iter().collect();
     let released = holdings.remove(&shards);
-    wait_stopped(&mut working_rx, shards.into_iter().collect(), settings.renew_deadline).await;
-    // Shards whose work was cancelled rather than stopped may still have writes on their
-    // way: their Leases expire (a lease duration after the last renewal) instead.
-    let unstopped = working_rx.borrow().clone();
-    let (released, left): (Vec<_>, Vec<_>) = released.into_iter().partition(|(s, _)| !unstopped.contains(s));
-    if !left.is_empty() {
-        warn!(shards = ?left.iter().map(|(s, _)| *s).collect::<Vec<_>>(), "leaving these shards' Leases to expire");
-    }
-    futures::stream::iter(released)
-        .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |(shard, h)| {
+    let left =
+        release_as_stopped(&mut working_rx, released, settings.renew_deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
             let (leases, metrics) = (leases.clone(), metrics.clone());
             async move {
                 match leases.release(&h.lease).await {
@@ -224,6 +220,9 @@ pub async fn run_shard_manager(
             }
         })
         .await;
+    if !left.is_empty() {
+        warn!(shards = ?left, "work in these shards did not stop in time: leaving their Leases to expire");
+    }
     leases.leave().await;
     metrics.shards_held(0, 0.0);
     info!("released every shard");
@@ -572,16 +571,10 @@ async fn balance_loop(
             .await;
         if !decision.release.is_empty() {
             let release = holdings.remove(&decision.release);
-            wait_stopped(working_rx, release.iter().map(|(s, _)| *s).collect(), settings.renew_deadline).await;
             // Work that had to be cancelled may still have a request on its way: that shard's
             // Lease is not renewed any more and expires, like at shutdown.
-            let unstopped = working_rx.borrow().clone();
-            let (release, left): (Vec<_>, Vec<_>) = release.into_iter().partition(|(s, _)| !unstopped.contains(s));
-            if !left.is_empty() {
-                warn!(shards = ?left.iter().map(|(s, _)| *s).collect::<Vec<_>>(), "leaving these shards' Leases to expire");
-            }
-            futures::stream::iter(release)
-                .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |(shard, h)| {
+            let left =
+                release_as_stopped(working_rx, release, settings.renew_deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
                     let (leases, metrics) = (leases.clone(), metrics.clone());
                     async move {
                         if let Err(e) = leases.release(&h.lease).await {
@@ -592,14 +585,9 @@ async fn balance_loop(
                     }
                 })
                 .await;
+            if !left.is_empty() {
+                warn!(shards = ?left, "work in these shards did not stop in time: leaving their Leases to expire");
+            }
         }
-    }
-}
-
-/// Waits until none of `shards` has work running, or the deadline passes.
-async fn wait_stopped(working: &mut watch::Receiver<BTreeSet<u32>>, shards: BTreeSet<u32>, deadline: Duration) {
-    let done = working.wait_for(|w| w.is_disjoint(&shards));
-    if tokio::time::timeout(deadline, done).await.is_err() {
-        warn!(?shards, "work in released shards did not stop in time");
     }
 }

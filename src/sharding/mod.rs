@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod fence;
+pub mod handoff;
 pub mod hash;
 pub mod leases;
 pub mod manager;

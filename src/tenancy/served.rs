@@ -3,6 +3,7 @@
 //! operator has no cluster-wide right on workloads.
 
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
@@ -99,7 +100,7 @@ async fn converge_workers(
     }
     // The shard's fence is already closed (no new write leaves); what is in flight gets a
     // moment to be answered before the shard manager may hand the Lease to a peer.
-    let cancelled = stop_workers(stopping, stop_within).await;
+    let cancelled = stop_workers(stopping, stop_within, |_| {}).await;
     for ns in start {
         info!(namespace = ns, "onboarded; starting its App controller");
         let (stop_tx, mut stop_rx) = watch::channel(false);
@@ -122,31 +123,44 @@ async fn converge_workers(
 
 /// Stops namespace controllers: all are told at once, and their reconciles get `within` to
 /// finish. What is still running then is cancelled; those namespaces are returned, because a
-/// request their reconciles sent may still land.
-async fn stop_workers(stopping: Vec<(String, NamespaceWorker)>, within: Duration) -> Vec<String> {
+/// request their reconciles sent may still land. `report` hears the namespaces still
+/// stopping each time one has stopped, so that a shard can be handed over as soon as its own
+/// namespaces have stopped (a cancelled namespace never leaves that set).
+async fn stop_workers(
+    stopping: Vec<(String, NamespaceWorker)>,
+    within: Duration,
+    mut report: impl FnMut(&BTreeSet<String>),
+) -> Vec<String> {
     if stopping.is_empty() {
         return Vec::new();
     }
     let deadline = tokio::time::Instant::now() + within;
-    let tasks: Vec<(String, JoinHandle<()>)> = stopping
+    let mut still: BTreeSet<String> = stopping.iter().map(|(ns, _)| ns.clone()).collect();
+    let mut stopped: FuturesUnordered<_> = stopping
         .into_iter()
         .map(|(ns, w)| {
             let _ = w.stop.send(true);
-            (ns, w.task)
+            let mut task = w.task;
+            async move {
+                if tokio::time::timeout_at(deadline, &mut task).await.is_ok() {
+                    return (ns, true);
+                }
+                task.abort();
+                let _ = task.await;
+                (ns, false)
+            }
         })
         .collect();
-    futures::future::join_all(tasks.into_iter().map(|(ns, mut task)| async move {
-        if tokio::time::timeout_at(deadline, &mut task).await.is_ok() {
-            return None;
+    let mut cancelled = Vec::new();
+    while let Some((ns, finished)) = stopped.next().await {
+        if finished {
+            still.remove(&ns);
+            report(&still);
+        } else {
+            cancelled.push(ns);
         }
-        task.abort();
-        let _ = task.await;
-        Some(ns)
-    }))
-    .await
-    .into_iter()
-    .flatten()
-    .collect()
+    }
+    cancelled
 }
 
 /// What this replica may act on: the shards it holds, and the onboarded namespaces in them.
@@ -276,7 +290,12 @@ pub async fn serve_onboarded_namespaces(
     // up to --request-timeout, or for caches whose watches the shutdown stopped), and its
     // shards are not reported stopped: a request it sent may still land, so the shard
     // manager lets their Leases expire instead of releasing them.
-    let cancelled = stop_workers(workers.into_iter().collect(), stop_within).await;
+    // Each shard is reported stopped as soon as its own namespaces are, so that the shard
+    // manager releases it then rather than after the slowest namespace of all.
+    let cancelled = stop_workers(workers.into_iter().collect(), stop_within, |still| {
+        working_tx.send_replace(still.iter().map(|ns| shard_of(ns, shards)).collect());
+    })
+    .await;
     if cancelled.is_empty() {
         working_tx.send_replace(BTreeSet::new());
     } else {
@@ -328,5 +347,36 @@ mod tests {
         let running: BTreeSet<String> = ["a", "b"].map(String::from).into();
         let wanted: BTreeSet<String> = ["b", "c"].map(String::from).into();
         assert_eq!(changes(&running, &wanted), (vec!["c".to_string()], vec!["a".to_string()]));
+    }
+
+    /// A worker that stops `after` its stop signal (or never, with `None`).
+    fn worker(after: Option<Duration>) -> NamespaceWorker {
+        let (stop, mut rx) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let _ = rx.wait_for(|s| *s).await;
+            match after {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        });
+        NamespaceWorker { stop, task }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_workers_reports_each_as_it_stops_and_returns_the_cancelled() {
+        let stopping = vec![
+            ("a".to_string(), worker(Some(Duration::from_millis(100)))),
+            ("b".to_string(), worker(Some(Duration::from_millis(300)))),
+            ("c".to_string(), worker(None)),
+        ];
+        let start = Instant::now();
+        let mut reports: Vec<(Vec<String>, u128)> = Vec::new();
+        let cancelled = stop_workers(stopping, Duration::from_secs(2), |still| {
+            reports.push((still.iter().cloned().collect(), start.elapsed().as_millis()));
+        })
+        .await;
+        assert_eq!(cancelled, vec!["c".to_string()]);
+        // "a" is reported stopped at 100 ms, without waiting for "b" or the deadline.
+        assert_eq!(reports, vec![(vec!["b".to_string(), "c".to_string()], 100), (vec!["c".to_string()], 300)]);
     }
 }
