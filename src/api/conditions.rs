@@ -3,6 +3,11 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+/// Type of the condition that says whether the App serves its desired version with every replica.
+pub const READY: &str = "Ready";
+/// Type of the condition that says whether a rollout moves (or completed), and why not.
+pub const PROGRESSING: &str = "Progressing";
+
 /// Now, truncated to whole seconds as the apiserver stores condition times, so that a
 /// status computed now compares equal to the one read back.
 pub fn now_to_the_second() -> Timestamp {

@@ -94,7 +94,7 @@ pub fn revision(version: &str, template: Option<&PodTemplate>) -> String {
         None => version.to_string(),
         Some(t) => {
             let bytes = serde_json::to_vec(t).unwrap_or_default();
-            let fp = crate::sharding::hash::fnv1a64(&bytes);
+            let fp = super::fingerprint::fnv1a64(&bytes);
             format!("{version}+{:010x}", fp >> 24)
         }
     }

@@ -10,12 +10,12 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 use super::app::{AppStatus, Autoscaling};
+use super::duration::{self, DurationError};
 use super::rollout::{Analysis, Strategy};
 use super::template::PodTemplate;
 use super::tenant::{
     PodSecurity, Subject, TenantLimitRange, TenantNetworkPolicy, TenantPrometheus, TenantQuota, TenantStatus,
 };
-use crate::rollout::duration::{self, DurationError};
 
 /// Progress deadline of an App that sets none.
 pub const DEFAULT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);

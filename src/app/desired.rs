@@ -70,10 +70,7 @@ pub struct DeploymentShape {
     pub paused: bool,
 }
 
-/// The replica count the App fixes, or `None` when an autoscaler owns it.
-pub fn fixed_replicas(app: &App) -> Option<i32> {
-    if app.spec.autoscaling.is_some() { None } else { Some(app.spec.replicas.unwrap_or(1)) }
-}
+pub use crate::rollout::replicas::fixed_replicas;
 
 /// A Deployment of the App: the image at `shape.version`, the pod settings of the spec, and
 /// (for the stable track) the rolling-update bounds.

@@ -17,7 +17,7 @@ pub enum ReconcileError {
         namespace: String,
         name: String,
         #[source]
-        source: crate::rollout::duration::DurationError,
+        source: crate::api::duration::DurationError,
     },
     #[error("App {namespace}/{name}: {}", crate::app::pod_policy::PodPolicy::message(.field, .keys))]
     PodAnnotationsDenied { namespace: String, name: String, field: &'static str, keys: Vec<String> },
@@ -78,7 +78,7 @@ pub fn brief(err: &kube::Error) -> String {
             format!("{} ({})", status.message, status.code)
         }
         kube::Error::Api(status) => format!("the apiserver answered {} {}", status.code, status.reason),
-        kube::Error::Service(e) if e.downcast_ref::<crate::operator::wire_fence::Fenced>().is_some() => {
+        kube::Error::Service(e) if e.downcast_ref::<crate::sharding::fence::Fenced>().is_some() => {
             "not sent: this replica's hold on the namespace's shard lapsed (fenced)".to_string()
         }
         kube::Error::Service(e) if e.downcast_ref::<tower::timeout::error::Elapsed>().is_some() => {
@@ -128,7 +128,7 @@ impl ReconcileError {
     }
 
     pub fn class(&self) -> ErrorClass {
-        if self.source_error().is_some_and(crate::operator::wire_fence::is_fenced) {
+        if self.source_error().is_some_and(crate::sharding::fence::is_fenced) {
             return ErrorClass::Fenced;
         }
         match (self, self.api_code()) {

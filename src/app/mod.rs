@@ -6,9 +6,9 @@ pub mod controller;
 pub mod desired;
 pub mod error;
 pub mod guard;
-pub mod names;
 pub mod pod_policy;
 pub mod reconcile;
 pub mod status;
 
+pub use crate::api::names;
 pub use context::Context;

@@ -4,9 +4,8 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::conditions::{DesiredCondition, merge_conditions};
+use crate::api::conditions::{DesiredCondition, PROGRESSING, READY, merge_conditions};
 use crate::api::{AppPhase, AppStatus};
-use crate::rollout::planner::{PROGRESSING, READY};
 
 /// A problem that stops the operator from reaching the desired state, shown in status.
 #[derive(Clone, Debug, PartialEq, Eq)]

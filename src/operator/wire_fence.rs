@@ -20,27 +20,7 @@ use tower::{BoxError, Layer, Service};
 
 use crate::sharding::fence::Fence;
 
-/// A write refused at send time: this replica's hold on the namespace's shard had lapsed.
-#[derive(Debug, thiserror::Error)]
-#[error("{method} in namespace {namespace} not sent: this replica's hold on its shard lapsed before it left (fenced)")]
-pub struct Fenced {
-    pub method: Method,
-    pub namespace: String,
-}
-
-/// What the apiserver's shard fence (rbac/shard-fence.yaml) begins its refusals with.
-pub const SERVER_FENCE: &str = "flotilla-shard-fence:";
-
-/// Whether `err` (as kube's client reports it) is a write that was fenced: refused by this
-/// layer before it left, or by the apiserver's shard fence because it arrived when this
-/// replica no longer held (or did not yet hold, in the apiserver's cache) the shard.
-pub fn is_fenced(err: &kube::Error) -> bool {
-    match err {
-        kube::Error::Service(e) => e.downcast_ref::<Fenced>().is_some(),
-        kube::Error::Api(status) => status.code == 403 && status.message.contains(SERVER_FENCE),
-        _ => false,
-    }
-}
+pub use crate::sharding::fence::{Fenced, SERVER_FENCE, is_fenced};
 
 /// The namespace a request path writes in, if it is a namespaced path:
 /// `/api/v1/namespaces/<ns>/...` or `/apis/<group>/<version>/namespaces/<ns>/...`.

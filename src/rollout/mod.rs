@@ -2,7 +2,6 @@
 //! of measurements, and the Prometheus client that takes them.
 
 pub mod analysis;
-pub mod duration;
 pub mod endpoints;
 pub mod measure;
 pub mod planner;

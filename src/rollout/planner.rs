@@ -20,27 +20,25 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use super::analysis::{explain, summarise};
-use super::duration::{self, DurationError};
+use super::replicas::fixed_replicas;
 use super::replicas::{
     Readiness, canary_replicas, readiness, ready_replicas, revision_of, stable_replicas, total_replicas,
 };
 use crate::api::conditions::{DesiredCondition, merge_conditions};
+use crate::api::duration::{self, DurationError};
+use crate::api::names::{self, Track};
 use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED};
 use crate::api::template::{PodTemplate, is_template_of, revision};
 use crate::api::{
     AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
     RolloutProgress, RolloutRecord, RolloutResult, StrategyType,
 };
-use crate::app::desired::{AppIdentity, DeploymentShape, deployment, fixed_replicas, template_from_running};
-use crate::app::names::{self, Track};
+use crate::app::desired::{AppIdentity, DeploymentShape, deployment, template_from_running};
 use crate::app::status::replica_failure;
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_FAILURE_LIMIT: i32 = 2;
-/// Type of the condition that says whether the App serves its desired version with every replica.
-pub const READY: &str = "Ready";
-/// Type of the condition that says whether a rollout moves (or completed), and why not.
-pub const PROGRESSING: &str = "Progressing";
+pub use crate::api::conditions::{PROGRESSING, READY};
 
 /// The App's rollout settings, read once, with defaults applied.
 #[derive(Clone, Debug, PartialEq)]

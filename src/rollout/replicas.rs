@@ -6,7 +6,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 
 use crate::api::App;
-use crate::app::names;
+use crate::api::names;
+
+/// The replica count the App fixes, or `None` when an autoscaler owns it.
+pub fn fixed_replicas(app: &App) -> Option<i32> {
+    if app.spec.autoscaling.is_some() { None } else { Some(app.spec.replicas.unwrap_or(1)) }
+}
 
 /// Replicas the App runs in all: `spec.replicas`, or with autoscaling the autoscaler's
 /// current choice (what it set on the stable Deployment, else its desired count), within its

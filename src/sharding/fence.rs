@@ -8,7 +8,31 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use http::Method;
+
 use super::hash::shard_of;
+
+/// A write refused at send time: this replica's hold on the namespace's shard had lapsed.
+#[derive(Debug, thiserror::Error)]
+#[error("{method} in namespace {namespace} not sent: this replica's hold on its shard lapsed before it left (fenced)")]
+pub struct Fenced {
+    pub method: Method,
+    pub namespace: String,
+}
+
+/// What the apiserver's shard fence (rbac/shard-fence.yaml) begins its refusals with.
+pub const SERVER_FENCE: &str = "flotilla-shard-fence:";
+
+/// Whether `err` (as kube's client reports it) is a write that was fenced: refused by this
+/// layer before it left, or by the apiserver's shard fence because it arrived when this
+/// replica no longer held (or did not yet hold, in the apiserver's cache) the shard.
+pub fn is_fenced(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Service(e) => e.downcast_ref::<Fenced>().is_some(),
+        kube::Error::Api(status) => status.code == 403 && status.message.contains(SERVER_FENCE),
+        _ => false,
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct Fence {

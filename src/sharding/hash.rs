@@ -1,13 +1,7 @@
 //! Which shard a namespace belongs to: FNV-1a-64 of its name, modulo the shard count.
 //! Changing this function would move every tenant at once on upgrade; a golden test pins it.
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-/// FNV-1a, 64 bits.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(FNV_OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(FNV_PRIME))
-}
+pub use crate::api::fingerprint::fnv1a64;
 
 /// The shard of a namespace among `shards` (which must be at least 1).
 pub fn shard_of(namespace: &str, shards: u32) -> u32 {

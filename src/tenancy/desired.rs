@@ -11,9 +11,9 @@ use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 
 use crate::api::conditions::{DesiredCondition, merge_conditions};
+use crate::api::names::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::api::tenant::NonNegativeQuantity;
 use crate::api::{NamespaceState, NamespaceStatus, NetworkIsolation, SubjectKind, Tenant, TenantStatus};
-use crate::app::names::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::sharding::hash::shard_of;
 
 pub use super::claim::LABEL_TENANT;

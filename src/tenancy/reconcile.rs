@@ -26,8 +26,8 @@ use super::desired::{
     operator_binding, quota, tenant_name, tenant_status, to_offboard,
 };
 use super::unchanged::covers;
+use crate::api::names::FIELD_MANAGER;
 use crate::api::{NamespaceState, NamespaceStatus, Tenant};
-use crate::app::names::FIELD_MANAGER;
 use crate::telemetry::Metrics;
 
 /// Controller name used in metrics and Events.

@@ -10,7 +10,7 @@ pub const MANAGED_BY: &str = "flotilla";
 pub const CONTAINER_NAME: &str = "app";
 
 /// Annotation on an App's Deployments: the fingerprint of the pod template the operator
-/// rendered (see `desired::template_hash`).
+/// rendered (see `app::desired::template_hash`).
 pub const ANNOTATION_TEMPLATE_HASH: &str = "flotilla.dev/template-hash";
 
 /// Annotation on an App's Deployments: the revision their pods run (see
