@@ -52,15 +52,19 @@ balanced() { # balanced ID... : every shard held by one of IDs, within one of ea
 wait_until() { until "$@"; do sleep 0.1; done; }
 
 ns_list=$(seq -f "bench-%02g" 0 $((NAMESPACES - 1)) | paste -sd, -)
-kubectl apply -f - >/dev/null <<YAML
+# A Tenant holds at most 100 namespaces: one Tenant per hundred.
+seq -f "bench-%02g" 0 $((NAMESPACES - 1)) | split -l 100 - "$WORK/tenant-"
+for part in "$WORK"/tenant-*; do
+  kubectl apply -f - >/dev/null <<YAML
 apiVersion: flotilla.dev/v1beta1
 kind: Tenant
-metadata: {name: bench}
-spec: {namespaces: [$ns_list]}
+metadata: {name: bench-${part##*-}}
+spec: {namespaces: [$(paste -sd, "$part")]}
 YAML
+done
 start_replica r0 9560; start_replica r1 9561; start_replica r2 9562
 wait_until balanced r0 r1 r2
-kubectl wait --for=condition=Ready tenant/bench --timeout=120s >/dev/null
+kubectl wait --for=condition=Ready tenant --all --timeout=300s >/dev/null
 for ns in ${ns_list//,/ }; do
   kubectl -n "$ns" apply -f - >/dev/null <<YAML
 apiVersion: flotilla.dev/v1beta1
