@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod clients;
 pub mod fault;
+pub mod namespace_clients;
 pub mod packing;
 pub mod token_identity;
 pub mod wire_fence;
@@ -32,6 +33,7 @@ use crate::tenancy::OperatorIdentity;
 use crate::tenancy::controller::{TenantSettings, tenant_controller};
 use crate::tenancy::served::{ServedChannels, ServedConnections};
 use crate::webhook::WebhookSettings;
+use namespace_clients::NamespaceClients;
 use std::time::Duration;
 
 /// Settings of one replica, from the command line.
@@ -350,10 +352,13 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                 "namespace controllers",
                 tokio::spawn(crate::tenancy::served::serve_onboarded_namespaces(
                     ServedConnections {
-                        // Also the fallback connection of a namespace: fenced like the others.
+                        // The guard's client is also a namespace's fallback: fenced like the others.
+                        namespaces: Box::new(NamespaceClients::new(
+                            fenced,
+                            guard_client.clone(),
+                            settings.namespaces_per_connection,
+                        )),
                         client: guard_client.clone(),
-                        clients: fenced,
-                        namespaces_per_connection: settings.namespaces_per_connection,
                         stop_within: settings.sharding.renew_deadline / 2,
                         cancelled_linger: settings.sharding.lease_duration,
                     },

@@ -19,8 +19,6 @@ use tracing::{info, warn};
 
 use crate::api::{NamespaceState, Tenant};
 use crate::app::controller::{Scope, ServedBy, Shared, app_controller};
-use crate::operator::clients::Clients;
-use crate::operator::packing::Packing;
 use crate::sharding::fence::Fence;
 use crate::sharding::shard_of;
 use crate::watch_cache::cache;
@@ -46,25 +44,15 @@ pub fn changes(running: &BTreeSet<String>, wanted: &BTreeSet<String>) -> (Vec<St
     (wanted.difference(running).cloned().collect(), running.difference(wanted).cloned().collect())
 }
 
-/// The clients of served namespaces: a few namespaces per client, so per HTTP/2
-/// connection (see `operator::packing`).
-struct NamespaceClients {
-    clients: Clients,
-    /// Used when a new client cannot be built (the configuration was already good once).
-    fallback: Client,
-    packing: Packing<Client>,
-}
-
-impl NamespaceClients {
-    fn for_namespace(&mut self, namespace: &str) -> Client {
-        let Self { clients, fallback, packing } = self;
-        packing.assign(namespace, || {
-            clients.client().unwrap_or_else(|e| {
-                warn!(namespace, error = %e, "no connection of its own for the namespace; sharing the replica's");
-                fallback.clone()
-            })
-        })
-    }
+/// The connections of served namespaces, handed in by the wiring (which packs a few
+/// namespaces per HTTP/2 connection: `operator::packing`).
+pub trait NamespaceConnections: Send {
+    /// The client a newly served namespace's controller uses.
+    fn for_namespace(&mut self, namespace: &str) -> Client;
+    /// The namespace is no longer served here: its share of a connection is free.
+    fn release(&mut self, namespace: &str);
+    /// Connections open now (for the metric).
+    fn connections(&self) -> usize;
 }
 
 /// What every namespace controller is started with.
@@ -85,7 +73,7 @@ async fn converge_workers(
     workers: &mut BTreeMap<String, NamespaceWorker>,
     wanted: &BTreeSet<String>,
     owners: &BTreeMap<String, String>,
-    clients: &mut NamespaceClients,
+    clients: &mut dyn NamespaceConnections,
     with: WorkerContext<'_>,
     stop_within: Duration,
 ) -> Vec<String> {
@@ -96,7 +84,7 @@ async fn converge_workers(
         stop.into_iter().filter_map(|ns| workers.remove(&ns).map(|w| (ns, w))).collect();
     for (ns, _) in &stopping {
         info!(namespace = ns, "no longer served here (offboarded or shard gone); stopping its App controller");
-        clients.packing.release(ns);
+        clients.release(ns);
     }
     // The shard's fence is already closed (no new write leaves); what is in flight gets a
     // moment to be answered before the shard manager may hand the Lease to a peer.
@@ -117,7 +105,7 @@ async fn converge_workers(
         workers.insert(ns, NamespaceWorker { stop: stop_tx, task: tokio::spawn(run) });
     }
     shared.metrics.namespaces_served(workers.len());
-    shared.metrics.namespace_connections(clients.packing.connections());
+    shared.metrics.namespace_connections(clients.connections());
     cancelled
 }
 
@@ -181,12 +169,11 @@ impl Ownership {
     }
 }
 
-/// How the supervisor reaches the apiserver: `client` for the Tenants, and new connections
-/// from `clients` for the served namespaces, `namespaces_per_connection` on each.
+/// How the supervisor reaches the apiserver: `client` for the Tenants, `namespaces` for the
+/// served namespaces.
 pub struct ServedConnections {
     pub client: Client,
-    pub clients: Clients,
-    pub namespaces_per_connection: usize,
+    pub namespaces: Box<dyn NamespaceConnections>,
     /// How long a namespace controller gets to stop (shard handed back, lost, or shutdown)
     /// before its reconciles are cancelled.
     pub stop_within: Duration,
@@ -219,14 +206,12 @@ pub async fn serve_onboarded_namespaces(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let ServedChannels { mut held_rx, working_tx, ownership_tx, fence } = channels;
-    let ServedConnections { client, clients, namespaces_per_connection, stop_within, cancelled_linger } = connections;
+    let ServedConnections { client, mut namespaces, stop_within, cancelled_linger } = connections;
     let (tenants, mut synced, events) = cache::<Tenant>(Api::all(client.clone()), watcher::Config::default(), ());
     let mut events = std::pin::pin!(events);
     let mut workers: BTreeMap<String, NamespaceWorker> = BTreeMap::new();
     // Shards whose reconciles were cancelled, until when they still count as working.
     let mut lingering: BTreeMap<u32, Instant> = BTreeMap::new();
-    let mut namespace_clients =
-        NamespaceClients { clients, fallback: client.clone(), packing: Packing::new(namespaces_per_connection) };
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
@@ -257,7 +242,7 @@ pub async fn serve_onboarded_namespaces(
             &mut workers,
             &wanted,
             &owners,
-            &mut namespace_clients,
+            namespaces.as_mut(),
             WorkerContext { shared: &shared, fence: &fence, tenants: &tenants },
             stop_within,
         )
