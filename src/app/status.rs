@@ -1,7 +1,6 @@
 //! Status helpers around the rollout planner: what a Deployment's conditions say about
 //! failing pods, and the status shown when the operator itself is blocked. Pure: no I/O.
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions::{DesiredCondition, PROGRESSING, READY, merge_conditions};
@@ -15,18 +14,7 @@ pub struct Blocker {
     pub message: String,
 }
 
-/// The message of the Deployment's `ReplicaFailure` condition (for example an exceeded
-/// ResourceQuota), when pods cannot be created.
-pub fn replica_failure(deployment: Option<&Deployment>) -> Option<String> {
-    deployment?
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
-        .map(|c| c.message.clone().unwrap_or_else(|| c.reason.clone().unwrap_or_default()))
-}
+pub use crate::rollout::replicas::replica_failure;
 
 /// The planned status, overridden because the plan could not be applied: phase Degraded,
 /// with the blocker as the reason of both conditions.
@@ -47,6 +35,7 @@ pub fn degraded(planned: &AppStatus, previous: &AppStatus, blocker: &Blocker, no
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::apps::v1::Deployment;
 
     #[test]
     fn replica_failure_is_read_from_the_deployment() {

@@ -20,10 +20,10 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use super::analysis::{explain, summarise};
-use super::replicas::fixed_replicas;
 use super::replicas::{
     Readiness, canary_replicas, readiness, ready_replicas, revision_of, stable_replicas, total_replicas,
 };
+use super::replicas::{fixed_replicas, replica_failure};
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::duration::{self, DurationError};
 use crate::api::names::{self, Track};
@@ -34,7 +34,6 @@ use crate::api::{
     RolloutProgress, RolloutRecord, RolloutResult, StrategyType,
 };
 use crate::app::desired::{AppIdentity, DeploymentShape, deployment, template_from_running};
-use crate::app::status::replica_failure;
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_FAILURE_LIMIT: i32 = 2;

@@ -8,6 +8,19 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use crate::api::App;
 use crate::api::names;
 
+/// The message of the Deployment's `ReplicaFailure` condition (for example an exceeded
+/// ResourceQuota), when pods cannot be created.
+pub fn replica_failure(deployment: Option<&Deployment>) -> Option<String> {
+    deployment?
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+        .map(|c| c.message.clone().unwrap_or_else(|| c.reason.clone().unwrap_or_default()))
+}
+
 /// The replica count the App fixes, or `None` when an autoscaler owns it.
 pub fn fixed_replicas(app: &App) -> Option<i32> {
     if app.spec.autoscaling.is_some() { None } else { Some(app.spec.replicas.unwrap_or(1)) }
