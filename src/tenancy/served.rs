@@ -276,18 +276,28 @@ pub async fn serve_onboarded_namespaces(
     // shards are not reported stopped: a request it sent may still land, so the shard
     // manager lets their Leases expire instead of releasing them.
     // Each shard is reported stopped as soon as its own namespaces are, so that the shard
-    // manager releases it then rather than after the slowest namespace of all.
+    // manager releases it then rather than after the slowest namespace of all. Shards whose
+    // reconciles were cancelled a moment ago (still lingering) stay reported working.
+    let lingering: BTreeSet<u32> =
+        lingering.into_iter().filter(|(_, until)| *until > Instant::now()).map(|(s, _)| s).collect();
     let cancelled = stop_workers(workers.into_iter().collect(), stop_within, |still| {
-        working_tx.send_replace(still.iter().map(|ns| shard_of(ns, shards)).collect());
+        working_tx.send_replace(working_at_shutdown(still.iter(), &lingering, shards));
     })
     .await;
-    if cancelled.is_empty() {
-        working_tx.send_replace(BTreeSet::new());
-    } else {
-        let still: BTreeSet<u32> = cancelled.iter().map(|ns| shard_of(ns, shards)).collect();
+    if !cancelled.is_empty() {
         warn!(namespaces = ?cancelled, "reconciles cancelled at shutdown may still have writes on their way: their shards' Leases are left to expire");
-        working_tx.send_replace(still);
     }
+    working_tx.send_replace(working_at_shutdown(cancelled.iter(), &lingering, shards));
+}
+
+/// The shards still working while a replica shuts down: those of the namespaces still
+/// stopping (or cancelled), and those whose reconciles were cancelled within a lease duration.
+fn working_at_shutdown<'a>(
+    namespaces: impl Iterator<Item = &'a String>,
+    lingering: &BTreeSet<u32>,
+    shards: u32,
+) -> BTreeSet<u32> {
+    namespaces.map(|ns| shard_of(ns, shards)).chain(lingering.iter().copied()).collect()
 }
 
 #[cfg(test)]
@@ -363,5 +373,18 @@ mod tests {
         assert_eq!(cancelled, vec!["c".to_string()]);
         // "a" is reported stopped at 100 ms, without waiting for "b" or the deadline.
         assert_eq!(reports, vec![(vec!["b".to_string(), "c".to_string()], 100), (vec!["c".to_string()], 300)]);
+    }
+
+    #[test]
+    fn shards_with_cancelled_reconciles_stay_working_at_shutdown() {
+        let stopping = ["a".to_string()];
+        let a = shard_of("a", 32);
+        let lingering = BTreeSet::from([(a + 1) % 32]);
+        assert_eq!(working_at_shutdown(stopping.iter(), &lingering, 32), BTreeSet::from([a, (a + 1) % 32]));
+        assert_eq!(
+            working_at_shutdown([].iter(), &lingering, 32),
+            lingering,
+            "nothing stopping: the lingering shard still works"
+        );
     }
 }
