@@ -166,6 +166,9 @@ fn helm_install(image: &(String, String), extra: &[String]) {
         "helm upgrade --install failed:\n{tail}\n{}",
         kubectl_ok(&["-n", NS, "get", "pods", "-o", "wide"])
     );
+    // helm's --wait is content with replicas - maxUnavailable Ready pods of the new template:
+    // the last old replica may not even be deleted yet. Wait for the whole rollout.
+    kubectl_ok(&["-n", NS, "rollout", "status", "deployment/flotilla", "--timeout=180s"]);
 }
 
 fn ready(pod: &Pod) -> bool {
