@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::{helm, install_operator_rbac, kubectl_try};
+use support::{helm, install_operator_rbac, kubectl_try, repo_root};
 
 #[test]
 fn kustomize_base_passes_a_server_side_dry_run() {
@@ -29,14 +29,10 @@ fn kustomize_base_passes_a_server_side_dry_run() {
     }
 }
 
-fn repo() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn helm_template(args: &[&str]) -> String {
     let out = std::process::Command::new(helm())
         .args(["template", "flotilla"])
-        .arg(repo().join("deploy/helm/flotilla"))
+        .arg(repo_root().join("deploy/helm/flotilla"))
         .args(["--namespace", "flotilla-system", "--include-crds"])
         .args(args)
         .output()

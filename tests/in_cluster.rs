@@ -28,12 +28,11 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::rollout::image_of;
-use support::{admin_client, audit_log, helm, http_get, kubeconfig, kubectl_ok, unique, wait_for};
+use support::{admin_client, audit_log, helm, http_get, kubeconfig, kubectl_ok, repo_root, unique, wait_for};
 
 const CLUSTER: &str = "flotilla-real";
 const NODE: &str = "flotilla-node-0";
@@ -44,17 +43,13 @@ const NAMESPACES: usize = 6;
 const APPS_PER_NAMESPACE: usize = 2;
 const IMAGE: &str = "registry.example.com/in-cluster";
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// The real node and its cluster, removed when the test ends (kept with FLOTILLA_KEEP_CLUSTER=1).
 struct RealNode;
 
 impl RealNode {
     fn up() -> Self {
         let status = Command::new("bash")
-            .arg(repo().join("hack/real-node.sh"))
+            .arg(repo_root().join("hack/real-node.sh"))
             .args(["up", CLUSTER])
             .stdin(Stdio::null())
             .status();
@@ -75,7 +70,7 @@ impl Drop for RealNode {
             return;
         }
         let _ = Command::new("bash")
-            .arg(repo().join("hack/real-node.sh"))
+            .arg(repo_root().join("hack/real-node.sh"))
             .args(["down", CLUSTER])
             .stdout(Stdio::null())
             .status();
@@ -85,7 +80,7 @@ impl Drop for RealNode {
 /// The operator's image, built from this test's own binary and loaded into the node.
 fn build_image() -> (String, String) {
     let out = Command::new("bash")
-        .arg(repo().join("hack/build-image.sh"))
+        .arg(repo_root().join("hack/build-image.sh"))
         .args([env!("CARGO_BIN_EXE_flotilla"), CLUSTER])
         .stderr(Stdio::inherit())
         .output()
@@ -111,6 +106,9 @@ fn install(image: &(String, String), restarted: Option<&str>) {
         let annotation = restarted.map(|r| format!("podAnnotations.flotilla\\.dev/restarted={r}"));
         helm_install(image, annotation.as_slice())
     }
+    // helm's --wait is content with replicas - maxUnavailable Ready pods of the new template:
+    // the last old replica may not even be deleted yet. Wait for the whole rollout.
+    kubectl_ok(&["-n", NS, "rollout", "status", "deployment/flotilla", "--timeout=180s"]);
 }
 
 /// `kubectl apply --server-side -k` of an overlay of deploy/base: the local image, the
@@ -120,7 +118,7 @@ fn kustomize_apply(image: &(String, String), restarted: Option<&str>) {
     std::fs::create_dir_all(&dir).expect("overlay dir");
     // kustomize takes a relative path to the base.
     let up = "../".repeat(dir.components().count() - 1);
-    let base = format!("{up}{}", repo().join("deploy/base").display().to_string().trim_start_matches('/'));
+    let base = format!("{up}{}", repo_root().join("deploy/base").display().to_string().trim_start_matches('/'));
     let annotations =
         restarted.map(|r| format!(r#", annotations: {{flotilla.dev/restarted: "{r}"}}"#)).unwrap_or_default();
     let overlay = format!(
@@ -140,7 +138,6 @@ patches:
     );
     std::fs::write(dir.join("kustomization.yaml"), overlay).expect("writing the overlay");
     kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-k", &dir.display().to_string()]);
-    kubectl_ok(&["-n", NS, "rollout", "status", "deployment/flotilla", "--timeout=180s"]);
 }
 
 /// `helm upgrade --install` of deploy/helm/flotilla onto the real node, waiting for the
@@ -149,7 +146,7 @@ fn helm_install(image: &(String, String), extra: &[String]) {
     let mut cmd = Command::new(helm());
     cmd.env("KUBECONFIG", kubeconfig())
         .args(["upgrade", "--install", "flotilla"])
-        .arg(repo().join("deploy/helm/flotilla"))
+        .arg(repo_root().join("deploy/helm/flotilla"))
         .args(["--namespace", NS, "--create-namespace", "--wait", "--timeout", "3m"])
         .args(["--set", &format!("replicas={REPLICAS},shards={SHARDS}")])
         .args(["--set", &format!("image.repository={},image.tag={},image.pullPolicy=Never", image.0, image.1)])
@@ -166,9 +163,6 @@ fn helm_install(image: &(String, String), extra: &[String]) {
         "helm upgrade --install failed:\n{tail}\n{}",
         kubectl_ok(&["-n", NS, "get", "pods", "-o", "wide"])
     );
-    // helm's --wait is content with replicas - maxUnavailable Ready pods of the new template:
-    // the last old replica may not even be deleted yet. Wait for the whole rollout.
-    kubectl_ok(&["-n", NS, "rollout", "status", "deployment/flotilla", "--timeout=180s"]);
 }
 
 fn ready(pod: &Pod) -> bool {
@@ -373,7 +367,7 @@ async fn installed_on_a_real_node_it_upgrades_itself_and_loses_nothing() {
     // Installed as users do: every replica Ready through its own readiness probe.
     let t = Instant::now();
     install(&image, None);
-    // (helm's --wait is content with replicas - maxUnavailable Ready: wait for all of them.)
+    // Every replica Ready through its probe (the pods, for what follows).
     let pods = wait_for(Duration::from_secs(120), "every replica Ready", || async {
         let pods = operator_pods(&client).await;
         (pods.len() == REPLICAS && pods.iter().all(ready)).then_some(pods)

@@ -9,19 +9,16 @@ use flotilla::api::App;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::Value;
 use serde_json::json;
-use std::path::PathBuf;
 use std::time::Duration;
 use support::prometheus::{Exporter, Prometheus, Traffic, tool};
 use support::rollout::ERROR_RATE;
-use support::{Operator, admin_client, http_get, install_crds, onboarded_healthy_app, operator_kubeconfig, wait_for};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use support::{
+    Operator, admin_client, http_get, install_crds, onboarded_healthy_app, operator_kubeconfig, repo_root, wait_for,
+};
 
 fn dashboard_queries() -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(repo().join("dashboards")).expect("dashboards/") {
+    for entry in std::fs::read_dir(repo_root().join("dashboards")).expect("dashboards/") {
         let path = entry.expect("entry").path();
         if path.extension().and_then(|e| e.to_str()) != Some("json") {
             continue;
@@ -41,7 +38,7 @@ fn dashboard_queries() -> Vec<(String, String)> {
 #[test]
 fn promtool_checks_and_unit_tests_the_rules() {
     let promtool = tool("promtool");
-    let dir = repo().join("deploy/prometheus");
+    let dir = repo_root().join("deploy/prometheus");
     for args in [vec!["check", "rules", "alerts.yaml"], vec!["test", "rules", "alerts_test.yaml"]] {
         let out = std::process::Command::new(&promtool).args(&args).current_dir(&dir).output().expect("promtool");
         assert!(
@@ -71,7 +68,7 @@ async fn prometheus_scrapes_the_operator_and_every_query_returns_data() {
     exporter.set(&ns, "shop", "2", Traffic { error_ratio: 0.01, ..Traffic::default() });
     let prometheus = Prometheus::start(
         &[("flotilla", op.admin.clone()), ("exporter", exporter.addr())],
-        &[repo().join("deploy/prometheus/alerts.yaml")],
+        &[repo_root().join("deploy/prometheus/alerts.yaml")],
     )
     .await;
     let prom = prometheus.addr();

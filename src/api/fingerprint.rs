@@ -9,3 +9,9 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(FNV_OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(FNV_PRIME))
 }
+
+/// FNV-1a-64 in 16 hex digits: the fingerprints kept in annotations (pod templates, Tenant
+/// objects, ConfigMap data and the config stamp).
+pub fn hex_fingerprint(bytes: &[u8]) -> String {
+    format!("{:016x}", fnv1a64(bytes))
+}

@@ -23,6 +23,8 @@
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec};
 use std::collections::BTreeSet;
 
+use crate::api::fingerprint::hex_fingerprint;
+
 use crate::api::template::{PodTemplate, TemplateMetadata};
 
 /// Pod annotation holding the stamp of the referenced ConfigMaps.
@@ -92,12 +94,7 @@ pub fn slim_config_map(cm: &mut kube::core::PartialObjectMeta<ConfigMap>) {
 /// A fingerprint of what a pod reads from a ConfigMap: its `data` and `binaryData` (maps,
 /// so serialized in key order), not its labels or annotations.
 pub fn data_fingerprint(config_map: &ConfigMap) -> String {
-    fingerprint(&serde_json::to_vec(&(&config_map.data, &config_map.binary_data)).unwrap_or_default())
-}
-
-/// 64 bits of FNV-1a, in hex: the data fingerprint and the stamp are both this.
-fn fingerprint(bytes: &[u8]) -> String {
-    format!("{:016x}", crate::sharding::hash::fnv1a64(bytes))
+    hex_fingerprint(&serde_json::to_vec(&(&config_map.data, &config_map.binary_data)).unwrap_or_default())
 }
 
 /// The names of the ConfigMaps a template's pods read: env `configMapKeyRef`, `envFrom`
@@ -120,7 +117,7 @@ pub fn stamp(names: &BTreeSet<String>, state: impl Fn(&str) -> ConfigState) -> O
             ConfigState::Untracked => format!("{name}=untracked"),
         })
         .collect();
-    Some(fingerprint(text.join(",").as_bytes()))
+    Some(hex_fingerprint(text.join(",").as_bytes()))
 }
 
 /// `template` with the stamp of its ConfigMaps in its pod annotations (replacing any the

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::{debug, info};
 
 use super::context::{Caches, Context};
-use super::names;
 use super::reconcile::{error_policy, reconcile};
 use crate::api::App;
+use crate::api::names;
 use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;

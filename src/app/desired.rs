@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
 
-use super::names::{self, Track};
+use crate::api::names::{self, Track};
 use crate::api::template::{PodTemplate, main_container, version_of};
 use crate::api::{App, Strategy};
 
@@ -69,8 +69,6 @@ pub struct DeploymentShape {
     /// A paused Deployment does not roll its pods (a paused rolling update).
     pub paused: bool,
 }
-
-pub use crate::rollout::replicas::fixed_replicas;
 
 /// A Deployment of the App: the image at `shape.version`, the pod settings of the spec, and
 /// (for the stable track) the rolling-update bounds.
@@ -228,8 +226,7 @@ fn harden(c: &mut Container) {
 /// template shows as a different fingerprint (the apiserver's defaults make the template
 /// itself uncomparable).
 pub fn template_hash(template: &PodTemplateSpec) -> String {
-    let bytes = serde_json::to_vec(template).unwrap_or_default();
-    format!("{:016x}", crate::sharding::hash::fnv1a64(&bytes))
+    crate::api::fingerprint::hex_fingerprint(&serde_json::to_vec(template).unwrap_or_default())
 }
 
 /// Pod-level settings that, with [`container_security_context`], pass the Pod Security
@@ -514,6 +511,7 @@ pub fn hpa_differences(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rollout::replicas::fixed_replicas;
     use k8s_openapi::api::core::v1::PodSpec;
 
     /// The stable Deployment running `spec.version` as the App asks (no rollout under way).

@@ -10,5 +10,4 @@ pub mod pod_policy;
 pub mod reconcile;
 pub mod status;
 
-pub use crate::api::names;
 pub use context::Context;

@@ -23,8 +23,9 @@ use super::desired::{
     service_differences,
 };
 use super::error::{ReconcileError, retry_delay};
-use super::names::{self, FIELD_MANAGER};
 use super::status::{Blocker, degraded};
+use crate::api::conditions::READY;
+use crate::api::names::{self, FIELD_MANAGER};
 use crate::api::template::MAX_TEMPLATE_BYTES;
 use crate::api::{App, AppPhase, RolloutResult};
 use crate::rollout::planner::{self, Input, Observed};
@@ -302,7 +303,7 @@ async fn reconcile_app(
         if !ctx.may_write(&namespace) {
             return Err(fenced());
         }
-        let ready = status.conditions.iter().find(|c| c.type_ == planner::READY);
+        let ready = status.conditions.iter().find(|c| c.type_ == READY);
         debug!(
             namespace,
             app = name,
@@ -346,7 +347,7 @@ async fn reconcile_app(
         let reported = previous
             .conditions
             .iter()
-            .any(|c| c.type_ == planner::READY && c.reason == err.reason() && c.message == err.to_string());
+            .any(|c| c.type_ == READY && c.reason == err.reason() && c.message == err.to_string());
         if !reported {
             ctx.publish(&app_ref, EventType::Warning, err.reason(), "Reconcile", err.to_string()).await;
         }
@@ -379,7 +380,7 @@ async fn refuse(app: &App, ctx: &Context, err: ReconcileError) -> ReconcileError
         return e;
     }
     ctx.remember_written(&namespace, &name, status);
-    let reported = previous.conditions.iter().any(|c| c.type_ == planner::READY && c.message == blocker.message);
+    let reported = previous.conditions.iter().any(|c| c.type_ == READY && c.message == blocker.message);
     if !reported {
         ctx.publish(&app.object_ref(&()), EventType::Warning, err.reason(), "Reconcile", err.to_string()).await;
     }

@@ -1,5 +1,5 @@
-//! Status helpers around the rollout planner: what a Deployment's conditions say about
-//! failing pods, and the status shown when the operator itself is blocked. Pure: no I/O.
+//! Status helpers around the rollout planner: the status shown when the operator itself is
+//! blocked. Pure: no I/O.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -13,8 +13,6 @@ pub struct Blocker {
     pub reason: String,
     pub message: String,
 }
-
-pub use crate::rollout::replicas::replica_failure;
 
 /// The planned status, overridden because the plan could not be applied: phase Degraded,
 /// with the blocker as the reason of both conditions.
@@ -35,23 +33,6 @@ pub fn degraded(planned: &AppStatus, previous: &AppStatus, blocker: &Blocker, no
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::apps::v1::Deployment;
-
-    #[test]
-    fn replica_failure_is_read_from_the_deployment() {
-        let mut d = Deployment::default();
-        assert_eq!(replica_failure(Some(&d)), None);
-        d.status = Some(k8s_openapi::api::apps::v1::DeploymentStatus {
-            conditions: Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
-                type_: "ReplicaFailure".into(),
-                status: "True".into(),
-                message: Some("pods \"web-1\" is forbidden: exceeded quota: flotilla-tenant".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        });
-        assert!(replica_failure(Some(&d)).is_some_and(|m| m.contains("exceeded quota")));
-    }
 
     #[test]
     fn blocker_degrades_and_keeps_the_rollout_state() {

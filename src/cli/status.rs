@@ -5,12 +5,13 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::api::conditions::{PROGRESSING, READY};
 use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED};
 use crate::api::{
     AnalysisStatus, App, AppStatus, CanaryStatus, Measurement, MeasurementResult, RolloutProgress, RolloutResult,
     StrategyType,
 };
-use crate::rollout::planner::{DEFAULT_FAILURE_LIMIT, PROGRESSING, READY};
+use crate::rollout::planner::DEFAULT_FAILURE_LIMIT;
 
 /// Finished rollouts shown, newest first.
 const HISTORY_SHOWN: usize = 5;

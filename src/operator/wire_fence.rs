@@ -20,7 +20,7 @@ use tower::{BoxError, Layer, Service};
 
 use crate::sharding::fence::Fence;
 
-pub use crate::sharding::fence::{Fenced, SERVER_FENCE, is_fenced};
+use crate::sharding::fence::Fenced;
 
 /// The namespace a request path writes in, if it is a namespaced path:
 /// `/api/v1/namespaces/<ns>/...` or `/apis/<group>/<version>/namespaces/<ns>/...`.

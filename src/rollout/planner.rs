@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use super::analysis::{explain, summarise};
 use super::replicas::{
-    Readiness, canary_replicas, readiness, ready_replicas, revision_of, stable_replicas, total_replicas,
+    Readiness, canary_replicas, fixed_replicas, readiness, ready_replicas, replica_failure, revision_of,
+    stable_replicas, total_replicas,
 };
-use super::replicas::{fixed_replicas, replica_failure};
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::duration::{self, DurationError};
 use crate::api::names::{self, Track};
@@ -37,7 +37,7 @@ use crate::app::desired::{AppIdentity, DeploymentShape, deployment, template_fro
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_FAILURE_LIMIT: i32 = 2;
-pub use crate::api::conditions::{PROGRESSING, READY};
+use crate::api::conditions::{PROGRESSING, READY};
 
 /// The App's rollout settings, read once, with defaults applied.
 #[derive(Clone, Debug, PartialEq)]

@@ -113,6 +113,22 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn replica_failure_is_read_from_the_deployment() {
+        let mut d = Deployment::default();
+        assert_eq!(replica_failure(Some(&d)), None);
+        d.status = Some(k8s_openapi::api::apps::v1::DeploymentStatus {
+            conditions: Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
+                type_: "ReplicaFailure".into(),
+                status: "True".into(),
+                message: Some("pods \"web-1\" is forbidden: exceeded quota: flotilla-tenant".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        assert!(replica_failure(Some(&d)).is_some_and(|m| m.contains("exceeded quota")));
+    }
+
+    #[test]
     fn table_of_canary_sizes() {
         let cases = [
             (20, 10, 2),

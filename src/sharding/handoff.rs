@@ -65,70 +65,59 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use tokio::time::Instant;
 
-    type Log = Arc<Mutex<Vec<(u32, Duration)>>>;
+    /// How the supervisor reports: each second one more of these shards stopped (then it
+    /// stays, reporting nothing more), or `None`: it is gone at once.
+    type Stops = Option<&'static [u32]>;
 
     /// Runs `release_as_stopped` over shards 1..=3 with 1 and 2 working; returns when each
-    /// shard was released (time since start) and what was left.
-    async fn run(stop: impl FnOnce(watch::Sender<BTreeSet<u32>>) + Send + 'static) -> (Vec<(u32, Duration)>, Vec<u32>) {
+    /// shard was released (milliseconds since start, by shard) and what was left.
+    async fn run(stops: Stops) -> (BTreeMap<u32, u128>, Vec<u32>) {
         let (tx, mut rx) = watch::channel(BTreeSet::from([1, 2]));
         let start = Instant::now();
-        let log: Log = Arc::default();
-        tokio::spawn(async move { stop(tx) });
+        let log: Arc<Mutex<BTreeMap<u32, u128>>> = Arc::default();
+        if let Some(stops) = stops {
+            tokio::spawn(async move {
+                for shard in stops {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    tx.send_modify(|w| {
+                        w.remove(shard);
+                    });
+                }
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            });
+        } else {
+            drop(tx);
+        }
         let left = release_as_stopped(&mut rx, vec![(1, ()), (2, ()), (3, ())], Duration::from_secs(4), 4, |s, ()| {
             let log = log.clone();
             async move {
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                log.lock().expect("log").push((s, start.elapsed()));
+                log.lock().expect("log").insert(s, start.elapsed().as_millis());
             }
         })
         .await;
-        let mut released = log.lock().expect("log").clone();
-        released.sort();
+        let released = log.lock().expect("log").clone();
         (released, left)
     }
 
     #[tokio::test(start_paused = true)]
     async fn each_shard_goes_when_its_own_work_stops() {
-        let (released, left) = run(|tx| {
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                tx.send_modify(|w| {
-                    w.remove(&1);
-                });
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                tx.send_modify(|w| {
-                    w.remove(&2);
-                });
-                tokio::time::sleep(Duration::from_secs(60)).await;
-            });
-        })
-        .await;
+        let (released, left) = run(Some(&[1, 2])).await;
         assert!(left.is_empty());
-        let at: BTreeMap<u32, u64> = released.iter().map(|(s, d)| (*s, d.as_millis() as u64)).collect();
         // Shard 3 had no work: released at once, not after shards 1 and 2 stopped.
-        assert_eq!(at, BTreeMap::from([(3, 10), (1, 1010), (2, 2010)]));
+        assert_eq!(released, BTreeMap::from([(3, 10), (1, 1010), (2, 2010)]));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_shard_still_working_at_the_deadline_is_left_to_expire() {
-        let (released, left) = run(|tx| {
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                tx.send_modify(|w| {
-                    w.remove(&1);
-                });
-                tokio::time::sleep(Duration::from_secs(60)).await;
-            });
-        })
-        .await;
+        let (released, left) = run(Some(&[1])).await;
         assert_eq!(left, vec![2]);
-        let at: Vec<(u32, u64)> = released.iter().map(|(s, d)| (*s, d.as_millis() as u64)).collect();
-        assert_eq!(at, vec![(1, 1010), (3, 10)]);
+        assert_eq!(released, BTreeMap::from([(1, 1010), (3, 10)]));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_gone_supervisor_ends_the_wait() {
-        let (released, left) = run(drop).await;
+        let (released, left) = run(None).await;
         assert_eq!(left, vec![1, 2]);
         assert_eq!(released.len(), 1, "shard 3 still released: {released:?}");
     }

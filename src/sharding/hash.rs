@@ -1,7 +1,7 @@
 //! Which shard a namespace belongs to: FNV-1a-64 of its name, modulo the shard count.
 //! Changing this function would move every tenant at once on upgrade; a golden test pins it.
 
-pub use crate::api::fingerprint::fnv1a64;
+use crate::api::fingerprint::fnv1a64;
 
 /// The shard of a namespace among `shards` (which must be at least 1).
 pub fn shard_of(namespace: &str, shards: u32) -> u32 {

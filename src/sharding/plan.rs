@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use super::hash::fnv1a64;
+use crate::api::fingerprint::fnv1a64;
 
 /// Remembers, per Lease, the last (holder, resourceVersion) seen and when this replica first
 /// saw it, in milliseconds of its own monotonic clock. A Lease whose holder keeps renewing

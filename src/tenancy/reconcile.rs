@@ -26,6 +26,7 @@ use super::desired::{
     operator_binding, quota, tenant_name, tenant_status, to_offboard,
 };
 use super::unchanged::covers;
+use crate::api::fingerprint::hex_fingerprint;
 use crate::api::names::FIELD_MANAGER;
 use crate::api::{NamespaceState, NamespaceStatus, Tenant};
 use crate::telemetry::Metrics;
@@ -432,7 +433,7 @@ where
     // only removes something (a LimitRange key, a quota) is not "covered" by what is there:
     // the apply then drops what Flotilla set before and no longer asks for.
     let mut object = object.clone();
-    let fingerprint = serde_json::to_vec(&object).map(|b| format!("{:016x}", crate::sharding::hash::fnv1a64(&b)));
+    let fingerprint = serde_json::to_vec(&object).map(|b| hex_fingerprint(&b));
     object
         .meta_mut()
         .annotations

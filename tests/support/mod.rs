@@ -21,7 +21,8 @@ use tokio::process::{Child, Command};
 /// Name of the cluster the tests share, unless FLOTILLA_TEST_KUBECONFIG names another.
 pub const TEST_CLUSTER: &str = "flotilla-test";
 
-fn repo_root() -> PathBuf {
+/// The repository's root (the crate's manifest directory).
+pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
