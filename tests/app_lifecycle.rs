@@ -5,11 +5,12 @@
 mod support;
 
 use flotilla::api::{App, AppPhase};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use std::time::Duration;
@@ -121,9 +122,70 @@ async fn app_becomes_a_ready_deployment_and_follows_new_versions() {
     let d = deployments.get("web").await.expect("Deployment web");
     assert_eq!(image_of(&d).as_deref(), Some("registry.example.com/web:1.1.0"));
 
-    for want in ["Created", "Updated", "Available"] {
+    for want in ["Updated", "Promoted"] {
         wait_event(&client, &ns.name, "web", want).await;
     }
+    // A first deployment is recorded by the App's status, not by Events (app::first_deployment);
+    // the Events of 1.1.0 above came after any Event of 1.0.0 would have.
+    let reasons = event_reasons(&client, &ns.name, "web").await;
+    assert!(
+        !reasons.iter().any(|r| r == "Created" || r == "Available"),
+        "no Normal Event for the first deployment: {reasons:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_app_costs_its_deployment_its_service_and_one_status_write() {
+    let (client, ns, _op) = setup("e2e-writes").await;
+    let created = create_app(
+        &client,
+        &ns.name,
+        json!({"name": "lean", "image": "registry.example.com/lean", "version": "1", "replicas": 0}),
+    )
+    .await;
+    // Every write of the App after its creation, from a watch that starts at its creation.
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    let from = created.resource_version().expect("resourceVersion");
+    let params = WatchParams::default().fields("metadata.name=lean").timeout(20);
+    let mut stream = apps.watch(&params, &from).await.expect("watching the App").boxed();
+    let mut writes: Vec<App> = Vec::new();
+    let settled = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(event) = stream.try_next().await.expect("watch") {
+            if let WatchEvent::Modified(app) = event {
+                let healthy = app.status.as_ref().is_some_and(|s| s.phase == Some(AppPhase::Healthy));
+                writes.push(app);
+                if healthy {
+                    // Anything more written once Healthy would come within this second.
+                    let more = tokio::time::timeout(Duration::from_secs(2), stream.try_next()).await;
+                    if let Ok(Ok(Some(WatchEvent::Modified(app)))) = more {
+                        writes.push(app);
+                    }
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(settled.is_ok(), "App lean not Healthy within 20 s; writes seen: {}", writes.len());
+    let phases: Vec<_> = writes.iter().map(|a| a.status.as_ref().and_then(|s| s.phase)).collect();
+    // The status waits up to 3 s for the Deployment (app::first_deployment); one whose
+    // Deployment took longer on a loaded machine is written Progressing first, legitimately.
+    let last = writes.last().expect("a status write");
+    let ready = last.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready")).expect("Ready");
+    let created_at = created.metadata.creation_timestamp.clone().expect("creationTimestamp").0;
+    let took = ready.last_transition_time.0.duration_since(created_at).as_secs();
+    let want = if took <= 2 {
+        vec![Some(AppPhase::Healthy)]
+    } else {
+        vec![Some(AppPhase::Progressing), Some(AppPhase::Healthy)]
+    };
+    assert_eq!(phases, want, "the App's writes after its creation (Healthy {took} s after it)");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), &ns.name);
+    assert!(deployments.get_opt("lean").await.expect("get").is_some(), "Deployment lean");
+    assert!(services.get_opt("lean").await.expect("get").is_some(), "Service lean");
+    let reasons = event_reasons(&client, &ns.name, "lean").await;
+    assert!(reasons.is_empty(), "no Event for a first deployment that went well: {reasons:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

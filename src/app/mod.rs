@@ -5,6 +5,7 @@ pub mod context;
 pub mod controller;
 pub mod desired;
 pub mod error;
+pub mod first_deployment;
 pub mod guard;
 pub mod pod_policy;
 pub mod reconcile;

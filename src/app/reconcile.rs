@@ -23,6 +23,7 @@ use super::desired::{
     service_differences,
 };
 use super::error::{ReconcileError, retry_delay};
+use super::first_deployment::{is_first_deployment, status_deferral};
 use super::status::{Blocker, degraded};
 use crate::api::conditions::READY;
 use crate::api::names::{self, FIELD_MANAGER};
@@ -198,6 +199,8 @@ async fn reconcile_app(
     // A change the rollout makes to a Deployment is planned, not drift put back.
     let previous = app.status.clone().unwrap_or_default();
     let planned = spec_changed || rollout_moved(&previous, &plan.status);
+    // A new App's first deployment is written with fewer writes: see `first_deployment`.
+    let first = is_first_deployment(&previous, &plan.status);
     let mut version = app.metadata.resource_version.clone();
     let mut stored = app.status.clone();
 
@@ -206,7 +209,7 @@ async fn reconcile_app(
     // status write that carries the App's resourceVersion, so that a writer that planned from
     // an older App fails instead of overwriting the decision. Killed after this write, the
     // next owner plans from the decision and completes it; killed before, nothing changed.
-    if decision_changed(&previous, &plan.status) {
+    if decision_changed(&previous, &plan.status) && !first {
         if !ctx.may_write(&namespace) {
             return Err(fenced());
         }
@@ -286,6 +289,9 @@ async fn reconcile_app(
     // One Event per kind of change (Created, Updated, DriftCorrected), naming every object:
     // an App's creation is one Event, not one per object.
     for (reason, note) in changes.events() {
+        if first && reason == "Created" {
+            continue;
+        }
         ctx.publish(&app_ref, EventType::Normal, reason, "Apply", note).await;
     }
 
@@ -299,6 +305,18 @@ async fn reconcile_app(
         (None, Some(refused)) => degraded(&plan.status, &previous, refused, now),
         (None, None) => plan.status.clone(),
     };
+    let quiet = failure.is_none() && refusal.is_none() && plan.notes.is_empty();
+    // The stable Deployment's age: zero when this reconcile created it.
+    let stable_age = match stable.as_deref() {
+        None => Some(Duration::ZERO),
+        Some(d) => deployment_age(d, now),
+    };
+    if stored.as_ref() != Some(&status)
+        && let Some(wait) = status_deferral(first, &status, quiet, stable_age)
+    {
+        debug!(namespace, app = name, ?wait, "first deployment: status waits for the Deployment");
+        return Ok(Action::requeue(wait));
+    }
     if stored.as_ref() != Some(&status) {
         if !ctx.may_write(&namespace) {
             return Err(fenced());
@@ -319,6 +337,7 @@ async fn reconcile_app(
         if previous.current_version != status.current_version
             && status.phase == Some(AppPhase::Healthy)
             && plan.notes.is_empty()
+            && !first
         {
             let note = format!(
                 "version {} is available with {} replicas",
@@ -385,6 +404,13 @@ async fn refuse(app: &App, ctx: &Context, err: ReconcileError) -> ReconcileError
         ctx.publish(&app.object_ref(&()), EventType::Warning, err.reason(), "Reconcile", err.to_string()).await;
     }
     err
+}
+
+/// How long ago `d` was created, `None` when unknown or in the future (this replica's clock
+/// behind the apiserver's): a first status is then written at once, never held by skew.
+fn deployment_age(d: &Deployment, now: k8s_openapi::jiff::Timestamp) -> Option<Duration> {
+    let created = d.metadata.creation_timestamp.as_ref()?;
+    Duration::try_from(now.duration_since(created.0)).ok()
 }
 
 /// Whether the plan moved the rollout (step, versions, rollback), so that the Deployment
