@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # Scale benchmark: Flotilla (3 replicas, release build) against a bare client creating the
-# same Deployments, on a private local control plane with the components' QPS limits lifted.
+# same Deployments and Services, and (--with-argo) against Argo Rollouts with the same count
+# of canary Rollouts, on a private local control plane with the components' QPS limits lifted.
 # Prints a table at the end and keeps the raw figures as JSON in bench/results/ so that two
 # runs can be compared. Never asserted by a test (tests/scale.rs checks correctness only).
 #
-#   bash bench/scale.sh [NAMESPACES] [APPS]      default 1000 namespaces, 10000 Apps
+#   bash bench/scale.sh [--with-argo] [NAMESPACES] [APPS]      default 1000 namespaces, 10000 Apps
 #   FLOTILLA_BENCH_IDLE=600 FLOTILLA_BENCH_CHANGES=50 FLOTILLA_BENCH_REPLICAS_PER_APP=0 bash bench/scale.sh 100 1000
+#   FLOTILLA_BENCH_OPERATOR_REPLICAS=5 bash bench/scale.sh 100 1000     replicas of the operator (default 3)
 #
 # Measured:
-# - baseline: time for a bare client (kubectl, 8 in parallel) to create APPS Deployments
-#   spread over NAMESPACES namespaces, until all exist;
+# - baseline: time for a bare client (kubectl, 8 in parallel) to create what the operator
+#   creates for an App with no rollout in progress, a Deployment and a Service each, APPS of
+#   them spread over NAMESPACES namespaces, until all exist;
 # - Flotilla: time from the first App created until every App has its Deployment and a
-#   status at its current generation (Healthy), same objects, same parallelism;
+#   status at its current generation (Healthy), same objects, same parallelism; the Apps
+#   are canaries (one step of 50% and a pause), which a first deployment skips;
+# - Argo Rollouts (--with-argo, built by hack/build-argo-rollouts.sh, run with its default
+#   flags): the same count of canary Rollouts with the same step and a Service each, created
+#   by the same clients, until every Rollout is Healthy; its RSS, CPU, connections, requests
+#   and writes per Rollout as for the operator;
 # - per replica: peak and steady RSS, CPU seconds, open connections to the apiserver,
 #   requests sent (from the audit log, by User-Agent);
 # - writes by the operator in tenant namespaces during IDLE seconds after convergence;
-# - the time for one changed App to be reconciled while all are present (p50/p99);
+# - the time for one changed App to be reconciled (its rollout started) while all are present (p50/p99);
 # - failover with every App present (FLOTILLA_BENCH_FAILOVER=0 skips it): kill -9 of a
 #   replica, its restart, then SIGTERM of another; after each, the time until every shard
 #   is held by the live replicas and until changed Apps in 30 namespaces are reconciled.
@@ -23,8 +31,12 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/hack/versions.sh"
 cd "$here"
+WITH_ARGO=0
+if [ "${1:-}" = --with-argo ]; then WITH_ARGO=1; shift; fi
 NAMESPACES=${1:-1000}
 APPS=${2:-10000}
+REPLICAS=${FLOTILLA_BENCH_OPERATOR_REPLICAS:-3}
+ids=$(seq 0 $((REPLICAS - 1)))
 IDLE=${FLOTILLA_BENCH_IDLE:-600}
 CHANGES=${FLOTILLA_BENCH_CHANGES:-50}
 POD_REPLICAS=${FLOTILLA_BENCH_REPLICAS_PER_APP:-0}
@@ -38,8 +50,12 @@ per_ns=$(( (APPS + NAMESPACES - 1) / NAMESPACES ))
 POLL=$(awk -v n="$APPS" 'BEGIN{p=n/2000; if(p<0.5)p=0.5; print p}')
 
 bash hack/prerequisites.sh
+[ "$WITH_ARGO" = 1 ] && bash hack/build-argo-rollouts.sh
 echo ">> cluster $CLUSTER (QPS limits of the control-plane components lifted)"
 bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
+# Fake nodes of 1,000 pods each, enough for every App's pods with room to spare.
+FLOTILLA_NODES=$(( (APPS * POD_REPLICAS * 12 / 10 + 999) / 1000 )); [ "$FLOTILLA_NODES" -ge 3 ] || FLOTILLA_NODES=3
+export FLOTILLA_NODES
 bash hack/cluster.sh up "$CLUSTER" --disable-qps-limits >/dev/null
 KUBECONFIG=$(bash hack/cluster.sh kubeconfig "$CLUSTER"); export KUBECONFIG
 AUDIT=$(bash hack/cluster.sh audit-log "$CLUSTER")
@@ -81,56 +97,81 @@ make_files() { # make_files PREFIX KIND
     for i in $(seq 0 $((per_ns - 1))); do
       [ "$n" -ge "$APPS" ] && break
       n=$((n + 1))
-      if [ "$kind" = Deployment ]; then
+      case $kind in
+      Deployment | Rollout)
+        if [ "$kind" = Deployment ]; then
+          printf -- '---\napiVersion: apps/v1\nkind: Deployment\n' >>"$WORK/$prefix/$ns.yaml"
+          strategy=
+        else
+          printf -- '---\napiVersion: argoproj.io/v1alpha1\nkind: Rollout\n' >>"$WORK/$prefix/$ns.yaml"
+          strategy="  strategy: {canary: {steps: [{setWeight: 50}, {pause: {duration: 60}}]}}"
+        fi
         cat >>"$WORK/$prefix/$ns.yaml" <<YAML
----
-apiVersion: apps/v1
-kind: Deployment
 metadata: {name: app-$i, namespace: $ns, labels: {app.kubernetes.io/name: app-$i}}
 spec:
   replicas: $POD_REPLICAS
   selector: {matchLabels: {app.kubernetes.io/name: app-$i}}
   template:
     metadata: {labels: {app.kubernetes.io/name: app-$i}}
-    spec: {containers: [{name: app, image: "registry.example.com/bench/app:1"}]}
+    spec: {containers: [{name: app, image: "registry.example.com/bench/app:1", ports: [{name: http, containerPort: 8080}]}]}
+$strategy
+---
+apiVersion: v1
+kind: Service
+metadata: {name: app-$i, namespace: $ns, labels: {app.kubernetes.io/name: app-$i}}
+spec:
+  selector: {app.kubernetes.io/name: app-$i}
+  ports: [{name: http, port: 80, targetPort: http}]
 YAML
-      else
+        ;;
+      App)
         cat >>"$WORK/$prefix/$ns.yaml" <<YAML
 ---
 apiVersion: flotilla.dev/v1beta1
 kind: App
 metadata: {name: app-$i, namespace: $ns}
-spec: {image: registry.example.com/bench/app, version: "1", replicas: $POD_REPLICAS}
+spec:
+  image: registry.example.com/bench/app
+  version: "1"
+  replicas: $POD_REPLICAS
+  rollout: {strategy: {type: Canary, canary: {steps: [{weight: 50, pause: 1m}]}}}
 YAML
-      fi
+        ;;
+      esac
     done
   done
 }
 create_all() { ls "$WORK/$1"/*.yaml | xargs -P "$PARALLEL" -n 20 sh -c 'for f; do kubectl create -f "$f" >/dev/null; done' _; }
 
-echo ">> baseline: a bare client creates $APPS Deployments in $NAMESPACES namespaces"
+echo ">> baseline: a bare client creates $APPS Deployments and Services in $NAMESPACES namespaces"
 seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 1 kubectl create namespace >/dev/null
 make_files base Deployment
 t0=$(now)
 create_all base
-until [ "$(kubectl get deployments -A --no-headers 2>/dev/null | grep -c '^base-')" -ge "$APPS" ]; do sleep "$POLL"; done
+# Until every Deployment is available (its pods ready, as an App's Healthy status says).
+available() {
+  kubectl get deployments -A -o jsonpath='{range .items[*]}{.metadata.namespace} {.metadata.generation}={.status.observedGeneration}:{.spec.replicas}={.status.availableReplicas}{"\n"}{end}' \
+    | awk -F'[ =:]' '$1 ~ /^base-/ && $2==$3 && $4==($5==""?0:$5)' | wc -l
+}
+until [ "$(available)" -ge "$APPS" ] \
+  && [ "$(kubectl get services -A --no-headers 2>/dev/null | grep -c '^base-')" -ge "$APPS" ]; do sleep "$POLL"; done
 baseline=$(since "$t0")
-echo "   all $APPS Deployments exist after ${baseline}s"
+echo "   all $APPS Deployments available and Services created after ${baseline}s"
 seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl delete namespace --wait=false >/dev/null
 
-echo ">> Flotilla: CRDs, RBAC, 3 replicas, tenants onboarding $NAMESPACES namespaces"
+echo ">> Flotilla: CRDs, RBAC, $REPLICAS replicas, tenants onboarding $NAMESPACES namespaces"
 bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
-for i in 0 1 2; do
+for i in $ids; do
   # Pod-bound tokens, as in a cluster: the apiserver's shard fence evaluates every write.
   bash hack/operator-kubeconfig.sh "$CLUSTER" "$WORK/op-$i.kubeconfig" "scale-$i"
   "$BIN" run --kubeconfig "$WORK/op-$i.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
     >"$WORK/scale-$i.log" 2>&1 &
   PIDS+=($!)
 done
-for i in 0 1 2; do until curl -fs "127.0.0.1:$((9660 + i))/readyz" >/dev/null 2>&1; do sleep 0.2; done; done
+for i in $ids; do until curl -fs "127.0.0.1:$((9660 + i))/readyz" >/dev/null 2>&1; do sleep 0.2; done; done
 # RSS of every replica, once a second: peak and steady come from here.
 ( while true; do
-    for i in 0 1 2; do
+    for i in $ids; do
       printf '%s %s %s\n' "$(date +%s)" "$i" "$(awk '/VmRSS/{print $2}' "/proc/${PIDS[$i]}/status" 2>/dev/null || echo 0)"
     done
     sleep 1
@@ -181,7 +222,12 @@ for c in $(seq 1 "$CHANGES"); do
   kubectl -n "$ns" get app "$app" >/dev/null 2>&1 || app=app-0
   t=$(now)
   kubectl -n "$ns" patch app "$app" --type=merge -p "{\"spec\":{\"version\":\"c$c\"}}" >/dev/null
-  until [ "$(kubectl -n "$ns" get app "$app" -o jsonpath='{.status.currentVersion}')" = "c$c" ]; do sleep 0.05; done
+  # Reconciled: the status is at the new generation and names the new version as its target
+  # (the canary's first step has started; its pause is the App's own, not the operator's).
+  until kubectl -n "$ns" get app "$app" -o jsonpath='{.metadata.generation}={.status.observedGeneration}:{.status.targetVersion}' \
+    | awk -F'[=:]' -v v="c$c" '$1==$2 && $3==v {ok=1} END{exit !ok}'; do
+    sleep 0.05
+  done
   lat+=("$(since "$t")")
 done
 sorted=$(printf '%s\n' "${lat[@]}" | sort -n)
@@ -192,7 +238,7 @@ api_port=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.serve
 tck=$(getconf CLK_TCK)
 rows=()
 json_replicas=()
-for i in 0 1 2; do
+for i in $ids; do
   pid=${PIDS[$i]}
   peak=$(awk -v r="$i" '$2==r && $3>m {m=$3} END{printf "%.0f", m/1024}' "$WORK/rss")
   steady=$(awk -v r="$i" -v a="$converged_at" -v b="$steady_at" '$2==r && $1>=a && $1<=b {s+=$3; n++} END{printf "%.0f", (n?s/n:0)/1024}' "$WORK/rss")
@@ -212,6 +258,7 @@ done
 ratio=$(awk "BEGIN{printf \"%.2f\", $flotilla / $baseline}")
 
 FAILOVER=${FLOTILLA_BENCH_FAILOVER:-1}
+[ "$REPLICAS" -ge 2 ] || FAILOVER=0
 if [ "$FAILOVER" = 1 ]; then
   # Failover with every App present: kill -9 of one replica, then (once it is back, as in a
   # rolling upgrade) SIGTERM of another. After each, one App is changed in each of SAMPLE
@@ -229,7 +276,8 @@ if [ "$FAILOVER" = 1 ]; then
   sample_at() { # every sampled App reports VERSION
     local ns
     for ns in $(sample_ns); do
-      [ "$(kubectl -n "$ns" get app app-0 -o jsonpath='{.status.currentVersion}')" = "$1" ] || return 1
+      kubectl -n "$ns" get app app-0 -o jsonpath='{.metadata.generation}={.status.observedGeneration}:{.status.targetVersion}' \
+        | awk -F'[=:]' -v v="$1" '$1==$2 && $3==v {ok=1} END{exit !ok}' || return 1
     done
   }
   failover_step() { # failover_step SIGNAL I VERSION SURVIVOR...: signals replica I while the
@@ -254,7 +302,8 @@ if [ "$FAILOVER" = 1 ]; then
   }
   failover_from=$(date +%s)
   echo ">> failover with $APPS Apps present: kill -9 of scale-0, changes in $(sample_ns | wc -l) namespaces"
-  failover_step KILL 0 f1 scale-1 scale-2
+  # shellcheck disable=SC2046
+  failover_step KILL 0 f1 $(printf 'scale-%s ' $(seq 1 $((REPLICAS - 1))))
   kill_held=$step_held kill_reconciled=$step_reconciled
   echo "   every shard held by the survivors after ${kill_held}s; every changed App reconciled after ${kill_reconciled}s"
   echo ">> scale-0 restarts (a rolling upgrade's next step)"
@@ -264,11 +313,78 @@ if [ "$FAILOVER" = 1 ]; then
   rejoin=$(since "$t0")
   echo "   scale-0 holds shards again after ${rejoin}s"
   echo ">> SIGTERM of scale-1, changes in the same namespaces"
-  failover_step TERM 1 f2 scale-0 scale-2
+  # shellcheck disable=SC2046
+  failover_step TERM 1 f2 $(printf 'scale-%s ' $(seq 0 $((REPLICAS - 1))) | sed 's/scale-1 //')
   term_held=$step_held term_reconciled=$step_reconciled
   echo "   every shard held by the others after ${term_held}s; every changed App reconciled after ${term_reconciled}s"
   failover_peak=$(awk -v a="$failover_from" '$1>=a && $3>m {m=$3} END{printf "%.0f", m/1024}' "$WORK/rss")
   failover_json=",\"failover\":{\"sample_namespaces\":$(sample_ns | wc -l),\"kill9_shards_held_seconds\":$kill_held,\"kill9_reconciled_seconds\":$kill_reconciled,\"restart_holds_shards_seconds\":$rejoin,\"sigterm_shards_held_seconds\":$term_held,\"sigterm_reconciled_seconds\":$term_reconciled,\"peak_rss_mib\":$failover_peak}"
+fi
+
+if [ "$WITH_ARGO" = 1 ]; then
+  # Argo Rollouts on the same control plane, once Flotilla is gone: its replicas stopped and
+  # its namespaces deleted, the same count of canary Rollouts and Services created by the
+  # same clients. It runs outside the cluster like the operator's replicas, with its default
+  # flags (one replica, leader election on, 40 requests/s) and a token of its own
+  # ServiceAccount bound to its upstream ClusterRole, so that the audit log counts its writes.
+  echo ">> Argo Rollouts $ARGO_ROLLOUTS_VERSION: Flotilla stopped, $APPS canary Rollouts and Services"
+  for i in $ids; do kill -TERM "${PIDS[$i]}" 2>/dev/null || true; done
+  for i in $ids; do while kill -0 "${PIDS[$i]}" 2>/dev/null; do sleep 0.2; done; done
+  kill "$SAMPLER" 2>/dev/null || true
+  seq -f "scale-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl delete namespace --wait=false >/dev/null
+  kubectl create namespace argo-rollouts >/dev/null
+  kubectl -n argo-rollouts create serviceaccount argo-rollouts >/dev/null
+  kubectl apply -f "$ARGO_ROLLOUTS_BIN/clusterrole.yaml" >/dev/null
+  kubectl create clusterrolebinding argo-rollouts --clusterrole=argo-rollouts --serviceaccount=argo-rollouts:argo-rollouts >/dev/null
+  cp "$KUBECONFIG" "$WORK/argo.kubeconfig"
+  kubectl --kubeconfig "$WORK/argo.kubeconfig" config set-credentials argo-rollouts \
+    --token="$(kubectl -n argo-rollouts create token argo-rollouts --duration=24h)" >/dev/null
+  kubectl --kubeconfig "$WORK/argo.kubeconfig" config set-context --current --user=argo-rollouts >/dev/null
+  kubectl apply --server-side -f "$ARGO_ROLLOUTS_BIN/rollout-crd.yaml" -f "$ARGO_ROLLOUTS_BIN/analysis-run-crd.yaml" \
+    -f "$ARGO_ROLLOUTS_BIN/analysis-template-crd.yaml" -f "$ARGO_ROLLOUTS_BIN/cluster-analysis-template-crd.yaml" \
+    -f "$ARGO_ROLLOUTS_BIN/experiment-crd.yaml" >/dev/null
+  until kubectl wait --for=condition=Established crd/rollouts.argoproj.io --timeout=60s >/dev/null 2>&1; do sleep 0.5; done
+  seq -f "argo-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 1 kubectl create namespace >/dev/null
+  make_files argo Rollout
+  POD_NAMESPACE=argo-rollouts "$ARGO_ROLLOUTS_BIN/rollouts-controller" --kubeconfig "$WORK/argo.kubeconfig" \
+    --metricsPort 9680 --healthzPort 9681 >"$WORK/argo.log" 2>&1 &
+  ARGO=$!
+  PIDS+=("$ARGO")
+  until curl -fs 127.0.0.1:9681/healthz >/dev/null 2>&1 && grep -q "I am the new leader" "$WORK/argo.log"; do
+    kill -0 "$ARGO" 2>/dev/null || { tail -20 "$WORK/argo.log"; echo "error: rollouts-controller exited" >&2; exit 1; }
+    sleep 0.2
+  done
+  ( while true; do printf '%s %s\n' "$(date +%s)" "$(awk '/VmRSS/{print $2}' "/proc/$ARGO/status" 2>/dev/null || echo 0)"; sleep 1; done ) >"$WORK/rss-argo" &
+  SAMPLER=$!
+  argo_from=$(stamp)
+  t0=$(now)
+  create_all argo
+  until [ "$(kubectl get rollouts.argoproj.io -A -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')" -ge "$APPS" ]; do
+    sleep "$POLL"
+  done
+  argo=$(since "$t0"); argo_converged_at=$(date +%s)
+  argo_to=$(stamp)
+  echo "   every Rollout Healthy after ${argo}s"
+  echo ">> idle for ${IDLE}s"
+  argo_idle_from=$(stamp)
+  sleep "$IDLE"
+  argo_idle_writes=$(audit_between "$argo_idle_from" "$(stamp)" | python3 -c '
+import json, sys
+print(sum(1 for line in sys.stdin for e in [json.loads(line)]
+          if e.get("stage") == "ResponseComplete" and e.get("verb") in ("create", "update", "patch", "delete")
+          and e.get("objectRef", {}).get("namespace", "").removeprefix("argo-").isdigit()
+          and e.get("userAgent", "").startswith("rollouts-controller")))')
+  argo_steady_at=$(date +%s)
+  argo_idle_to=$(stamp)
+  argo_peak=$(awk '$2>m {m=$2} END{printf "%.0f", m/1024}' "$WORK/rss-argo")
+  argo_steady=$(awk -v a="$argo_converged_at" -v b="$argo_steady_at" '$1>=a && $1<=b {s+=$2; n++} END{printf "%.0f", (n?s/n:0)/1024}' "$WORK/rss-argo")
+  argo_cpu=$(awk -v t="$tck" '{printf "%.1f", ($14+$15)/t}' "/proc/$ARGO/stat")
+  argo_conns=$(ss -tnp 2>/dev/null | grep "pid=$ARGO," | grep -c ":$api_port " || true)
+  argo_requests=$(audit_between "$argo_from" "$(stamp)" | python3 -c '
+import json, sys
+print(len({e.get("auditID") for line in sys.stdin for e in [json.loads(line)] if e.get("userAgent", "").startswith("rollouts-controller")}))')
+  argo_ratio=$(awk "BEGIN{printf \"%.2f\", $argo / $baseline}")
+  argo_json=",\"argo_rollouts\":{\"version\":\"$ARGO_ROLLOUTS_VERSION\",\"seconds\":$argo,\"ratio\":$argo_ratio,\"idle_writes\":$argo_idle_writes,\"peak_rss_mib\":$argo_peak,\"steady_rss_mib\":$argo_steady,\"cpu_seconds\":$argo_cpu,\"apiserver_connections\":$argo_conns,\"requests\":$argo_requests}"
 fi
 
 mkdir -p bench/results
@@ -278,19 +394,19 @@ cat >"$out" <<JSON
  "baseline_seconds":$baseline,"flotilla_seconds":$flotilla,"ratio":$ratio,
  "idle_seconds":$IDLE,"idle_writes":$idle_writes,
  "change_latency_seconds":{"p50":$p50,"p99":$p99,"samples":[$(IFS=,; echo "${lat[*]}")]},
- "replicas":[$(IFS=,; echo "${json_replicas[*]}")]${failover_json:-}}
+ "operator_replicas":$REPLICAS,"replicas":[$(IFS=,; echo "${json_replicas[*]}")]${failover_json:-}${argo_json:-}}
 JSON
 
 echo
-echo "Scale: $NAMESPACES namespaces, $APPS Apps ($POD_REPLICAS pods each), 3 replicas; raw figures in $out"
+echo "Scale: $NAMESPACES namespaces, $APPS Apps ($POD_REPLICAS pods each), $REPLICAS replicas; raw figures in $out"
 echo
 echo "| measurement | result | goal |"
 echo "|---|---|---|"
-echo "| bare client: $APPS Deployments exist | ${baseline}s | |"
+echo "| bare client: $APPS Deployments available and Services created | ${baseline}s | |"
 echo "| Flotilla: every App has its Deployment and current status | ${flotilla}s | |"
 echo "| ratio Flotilla / bare client | ${ratio}x | <= 1.3x |"
 echo "| writes by the operator in ${IDLE} idle seconds | $idle_writes | 0 |"
-echo "| one changed App reconciled (p50 / p99 over $CHANGES) | ${p50}s / ${p99}s | p99 <= 1 s |"
+echo "| one changed App's rollout started (status at the new generation and version; p50 / p99 over $CHANGES) | ${p50}s / ${p99}s | p99 <= 1 s |"
 if [ "$FAILOVER" = 1 ]; then
   echo "| kill -9 of a replica: every shard held by the survivors / changed Apps in $(sample_ns | wc -l) namespaces reconciled | ${kill_held}s / ${kill_reconciled}s | p99 <= 10 s (reconciled) |"
   echo "| SIGTERM of a replica: every shard held by the others / changed Apps reconciled | ${term_held}s / ${term_reconciled}s | <= 2 s (held) |"
@@ -298,8 +414,8 @@ if [ "$FAILOVER" = 1 ]; then
 fi
 echo
 echo "Writes by the operator in the tenant namespaces per App, until every App converged (audit"
-echo "log; the bare client writes one object per Deployment; the controller-manager's writes"
-echo "for the Deployments are the same in both runs):"
+echo "log; the bare client writes two objects per App, its Deployment and Service; the"
+echo "controller-manager's writes for the Deployments are the same in both runs):"
 echo
 writes() { # $1 $2: time window, $3: prefix of the namespaces, $4: objects created
   audit_between "$1" "$2" | python3 -c '
@@ -311,7 +427,8 @@ for line in sys.stdin:
     ref = e.get("objectRef", {})
     if e.get("stage") != "ResponseComplete" or e.get("verb") not in ("create", "update", "patch", "delete"):
         continue
-    if not ref.get("namespace", "").startswith(prefix):
+    ns = ref.get("namespace", "")
+    if not (ns.startswith(prefix) and ns[len(prefix):].isdigit()):
         continue
     agent = e.get("userAgent", "")
     who = "flotilla" if agent.startswith("flotilla/") else agent.split("/")[0]
@@ -326,6 +443,27 @@ print(f"| all | | | {total / objects:.2f} |")
 ' "$3" "$4"
 }
 writes "$conv_from" "$conv_to" scale- "$APPS"
+if [ "$WITH_ARGO" = 1 ]; then
+  echo
+  echo "Argo Rollouts $ARGO_ROLLOUTS_VERSION, same count of canary Rollouts and Services:"
+  echo
+  echo "| measurement | bare client | Flotilla ($REPLICAS replicas) | Argo Rollouts (1 replica) |"
+  echo "|---|---|---|---|"
+  echo "| time until everything exists / converged | ${baseline}s | ${flotilla}s (${ratio}x) | ${argo}s (${argo_ratio}x) |"
+  echo "| writes in ${IDLE} idle seconds | | $idle_writes | $argo_idle_writes |"
+  echo "| peak / steady RSS, all replicas | | $(awk -F'|' '{p+=$3; s+=$4} END{printf "%d / %d MiB", p, s}' <<<"$(printf '%s\n' "${rows[@]}" | sed 's/ MiB//g')") | $argo_peak / $argo_steady MiB |"
+  echo "| CPU seconds, all replicas | | $(printf '%s\n' "${rows[@]}" | awk -F'|' '{gsub(/ s/,"",$5); c+=$5} END{printf "%.1f", c}') | $argo_cpu |"
+  echo
+  echo "Writes per Rollout until every Rollout was Healthy (audit log):"
+  echo
+  writes "$argo_from" "$argo_to" argo- "$APPS"
+  if [ "$argo_idle_writes" -gt 0 ]; then
+    echo
+    echo "Argo Rollouts' writes in the ${IDLE} idle seconds, per Rollout:"
+    echo
+    writes "$argo_idle_from" "$argo_idle_to" argo- "$APPS"
+  fi
+fi
 echo
 echo "| replica | peak RSS | steady RSS | CPU | apiserver connections | requests sent |"
 echo "|---|---|---|---|---|---|"

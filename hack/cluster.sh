@@ -62,6 +62,9 @@ rules:
     resources: [{group: coordination.k8s.io, resources: [leases]}]
   - level: Metadata
     userGroups: ["system:serviceaccounts:flotilla-system"]
+  # Argo Rollouts' writes, counted by bench/scale.sh --with-argo like the operator's.
+  - level: Metadata
+    userGroups: ["system:serviceaccounts:argo-rollouts"]
   - level: None
 POLICY
   echo "$KWOK_WORKDIR/audit-policy.yaml"

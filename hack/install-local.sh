@@ -12,7 +12,12 @@ root=$(cd "$here/.." && pwd)
 . "$here/versions.sh"
 cluster=$1 out=$2
 kubectl apply --server-side -f "$root/crds/flotilla.dev.yaml" >/dev/null
-kubectl wait --for=condition=Established crd/apps.flotilla.dev crd/tenants.flotilla.dev --timeout=60s >/dev/null
+# kubectl wait fails at once ("accessor error") on a CRD that has no status yet: try again.
+for try in $(seq 20); do
+  kubectl wait --for=condition=Established crd/apps.flotilla.dev crd/tenants.flotilla.dev --timeout=60s >/dev/null 2>&1 && break
+  [ "$try" = 20 ] && { echo "error: the CRDs were not Established" >&2; exit 1; }
+  sleep 0.5
+done
 kubectl apply -f "$root/deploy/base/namespace.yaml" >/dev/null
 kubectl apply -k "$root/rbac" >/dev/null
 kubectl apply -f "$root/deploy/base/flowschema.yaml" >/dev/null

@@ -19,3 +19,8 @@ HELM_BIN=$FLOTILLA_CACHE/helm-$HELM_VERSION
 export PATH=$HELM_BIN:$PATH
 # The real node's kubelet (hack/real-node.sh), same Kubernetes version.
 KUBELET_BIN=$FLOTILLA_CACHE/kubelet-$K8S_VERSION
+# Argo Rollouts, run beside Flotilla by bench/scale.sh --with-argo (never by the tests). Its
+# go.mod asks for a newer Go than 1.26, so its build takes Go 1.27.3 from the module proxy.
+ARGO_ROLLOUTS_VERSION=v1.10.2
+ARGO_ROLLOUTS_BIN=$FLOTILLA_CACHE/argo-rollouts-$ARGO_ROLLOUTS_VERSION
+ARGO_ROLLOUTS_GOTOOLCHAIN=go1.27.3
