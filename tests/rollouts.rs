@@ -307,6 +307,64 @@ async fn a_rolling_update_keeps_all_but_max_unavailable_replicas_available() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_keeps_the_canary_serving_until_the_stable_deployment_is_back() {
+    let rig = Rig::start("ro-capacity").await;
+    rig.traffic("web", "2", 0.5, 0.05);
+    // minReadySeconds: a new stable pod counts as available 2 s after it is ready, so a
+    // canary removed before the stable Deployment is back leaves a gap a sample can see.
+    rig.create(
+        "web",
+        json!({"replicas": 4, "minReadySeconds": 2,
+               "rollout": {"strategy": canary(json!([{"weight": 50}, {"weight": 75}])),
+                           "analysis": analysis(error_rate_check())}}),
+    )
+    .await;
+    rig.set_version("web", "2").await;
+    let available = |d: Option<k8s_openapi::api::apps::v1::Deployment>| {
+        d.and_then(|d| d.status).and_then(|s| s.available_replicas).unwrap_or(0)
+    };
+    let started = Instant::now();
+    // Until the rollback: the canary at 2 of 4.
+    loop {
+        let s = rig.app("web").await.status.unwrap_or_default();
+        if s.phase == Some(AppPhase::RolledBack) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "not rolled back in 90 s: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // From the rollback until the canary is gone: available pods of both Deployments.
+    let mut lowest = i32::MAX;
+    let mut kept_while_short = 0;
+    let mut samples = 0;
+    loop {
+        let stable = available(rig.deployment("web").await);
+        let canary = rig.deployment("web-canary").await;
+        let gone = canary.is_none();
+        let canary = available(canary);
+        lowest = lowest.min(stable + canary);
+        samples += 1;
+        if !gone && stable < 4 {
+            kept_while_short += 1;
+        }
+        if gone && stable == 4 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "stable {stable}/4, canary present: {}", !gone);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(samples > 10, "sampled while it rolled back ({samples} samples)");
+    assert!(
+        kept_while_short > 0,
+        "the canary was not kept while the stable Deployment was short (lowest availability {lowest} of 4)"
+    );
+    assert!(lowest >= 3, "availability dropped to {lowest} of 4 during the rollback (maxUnavailable 25%)");
+    let s = rig.app("web").await.status.expect("status");
+    assert_eq!(s.phase, Some(AppPhase::RolledBack));
+    assert_eq!(s.current_version.as_deref(), Some("1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reverting_mid_canary_rolls_back_at_once_and_a_new_version_restarts_the_rollout() {
     let rig = Rig::start("ro-revert").await;
     rig.traffic("web", "2", 0.0, 0.05);

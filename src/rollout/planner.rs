@@ -472,15 +472,49 @@ impl Planner<'_> {
         self.status.canary = None;
         self.status.target_version = Some(stable_version.to_string());
         let stable = self.stable_kept(stable_version, fixed_replicas(self.app));
-        let outcome = Outcome {
-            phase: AppPhase::RolledBack,
-            reason: failed.reason.clone(),
-            message: format!(
-                "version {} was rolled back ({}); version {stable_version} runs. It is not tried again until the spec changes or a user retries",
-                failed.version, failed.message
-            ),
-        };
-        (stable, None, outcome)
+        let kept = self.canary_kept_for_capacity(stable_version, failed);
+        let mut message = format!(
+            "version {} was rolled back ({}); version {stable_version} runs. It is not tried again until the spec changes or a user retries",
+            failed.version, failed.message
+        );
+        if let Some((_, r)) = &kept {
+            message.push_str(&format!(
+                ". The canary's pods serve until version {stable_version} is back to {} available replicas ({}/{} now)",
+                r.want, r.available, r.want
+            ));
+        }
+        let outcome = Outcome { phase: AppPhase::RolledBack, reason: failed.reason.clone(), message };
+        (stable, kept.map(|(canary, _)| canary), outcome)
+    }
+
+    /// After a rollback, the canary Deployment as it is (nothing written to it) while the
+    /// stable one is not yet back to all its replicas, for at most the progress deadline
+    /// after the rollback: removing the canary's pods first would leave fewer pods serving
+    /// than the App asks for until the stable Deployment's new pods are ready. With the
+    /// stable readiness it waits for.
+    fn canary_kept_for_capacity(
+        &mut self,
+        stable_version: &str,
+        failed: &FailedVersion,
+    ) -> Option<(Deployment, Readiness)> {
+        let canary = self.input.observed.canary?;
+        let r = readiness(self.input.observed.stable, stable_version, self.total);
+        if r.complete {
+            return None;
+        }
+        let rolled_back_at = self
+            .status
+            .history
+            .iter()
+            .find(|h| h.result == RolloutResult::RolledBack && h.version == failed.version)?
+            .at
+            .clone();
+        let waited = elapsed(&rolled_back_at, self.now);
+        if waited >= self.settings.deadline {
+            return None;
+        }
+        self.look_again_in((self.settings.deadline - waited).min(Duration::from_secs(30)));
+        Some((canary.clone(), r))
     }
 
     /// Rolls the failed rollout back (always: also what a user's abort asks for).

@@ -240,7 +240,7 @@ fn failed_runs_up_to_the_limit_roll_back() {
     let app = advance(&app, &first);
     let second = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(fail).plan(13);
     assert_eq!(reasons(&second), ["AnalysisFailed", "RolledBack"]);
-    assert!(second.canary.is_none(), "the canary is removed");
+    assert!(second.canary.is_some(), "the canary serves until the stable Deployment is back to 5");
     assert_eq!((image(&second.stable), replicas(&second.stable)), ("example.com/web:1".into(), Some(5)));
     assert_eq!(second.status.phase, Some(AppPhase::RolledBack));
     assert_eq!(second.status.current_version.as_deref(), Some("1"));
@@ -337,6 +337,35 @@ fn a_canary_that_never_becomes_available_is_rolled_back_by_the_health_gate() {
 }
 
 #[test]
+fn a_rollback_keeps_the_canary_until_the_stable_deployment_is_back_within_the_deadline() {
+    let app = canary_app(4, &[50], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let fail = vec![measurement(MeasurementResult::Fail, Some(0.3))];
+    let app = advance(&app, &Run::new(&app).stable("1", 2, 2).canary("2", 2, 2).measured(fail.clone()).plan(3));
+    let rolled = Run::new(&app).stable("1", 2, 2).canary("2", 2, 2).measured(fail).plan(13);
+    assert_eq!(rolled.status.phase, Some(AppPhase::RolledBack));
+    assert_eq!(replicas(&rolled.stable), Some(4), "the stable Deployment goes back to all replicas");
+    let kept = rolled.canary.as_ref().expect("the canary is kept while the stable Deployment is short");
+    assert_eq!(Some(kept), Run::new(&app).stable("1", 2, 2).canary("2", 2, 2).canary.as_ref(), "kept as it is");
+    let ready = rolled.status.conditions.iter().find(|c| c.type_ == READY).expect("Ready");
+    assert!(ready.message.contains("back to 4 available replicas (2/4 now)"), "{}", ready.message);
+    assert!(rolled.recheck.is_some());
+
+    let app = advance(&app, &rolled);
+    // Scaled up, the new pods not yet available: still kept. All available: removed.
+    let short = Run::new(&app).stable("1", 4, 3).canary("2", 2, 2).plan(20);
+    assert!(short.canary.is_some());
+    let back = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).plan(21);
+    assert!(back.canary.is_none(), "removed once the stable Deployment is back");
+    assert_eq!(back.status.phase, Some(AppPhase::RolledBack));
+    // Never kept past the progress deadline (60 s) after the rollback.
+    let late = Run::new(&app).stable("1", 4, 3).canary("2", 2, 2).plan(13 + 60);
+    assert!(late.canary.is_none(), "removed at the deadline even with the stable Deployment short");
+    // Nothing to keep when no canary runs.
+    assert!(Run::new(&app).stable("1", 4, 3).plan(20).canary.is_none());
+}
+
+#[test]
 fn without_auto_rollback_a_failure_holds_the_rollout() {
     let mut app = canary_app(5, &[20], true);
     app.spec.rollout.auto_rollback = Some(false);
@@ -389,7 +418,8 @@ fn user_requests() {
     let plan = Run::new(&abort).stable("1", 4, 4).canary("2", 1, 1).plan(3);
     assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
     assert_eq!(plan.status.failed_version.as_ref().map(|f| f.reason.as_str()), Some("Aborted"));
-    assert!(plan.canary.is_none());
+    assert!(plan.canary.is_some(), "kept until the stable Deployment is back to 5");
+    assert!(Run::new(&advance(&abort, &plan)).stable("1", 5, 5).canary("2", 1, 1).plan(4).canary.is_none());
     let retry = with_annotation(&advance(&abort, &plan), ANNOTATION_ACTION, "retry 4");
     let plan = Run::new(&retry).stable("1", 5, 5).plan(5);
     assert_eq!(reasons(&plan), ["RolloutStarted"]);
@@ -618,13 +648,15 @@ fn a_persisted_rollback_completes_from_status_alone_and_is_never_promoted() {
     assert_eq!(decided.status.phase, Some(AppPhase::RolledBack));
     let app = advance(&app, &decided);
     let pass = vec![measurement(MeasurementResult::Pass, Some(0.0))];
-    for run in [
-        Run::new(&app).stable("1", 4, 4).canary("2", 1, 1),
-        Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(pass.clone()),
-        Run::new(&app).stable("1", 5, 5).canary("2", 1, 1).measured(pass),
+    for (run, stable_back) in [
+        (Run::new(&app).stable("1", 4, 4).canary("2", 1, 1), false),
+        (Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(pass.clone()), false),
+        (Run::new(&app).stable("1", 5, 5).canary("2", 1, 1).measured(pass), true),
     ] {
         let next = run.plan(20);
-        assert!(next.canary.is_none(), "the canary is removed");
+        // Kept as it is (never promoted) until the stable Deployment is back, then removed.
+        assert_eq!(next.canary.is_none(), stable_back, "the canary is removed once the stable is back");
+        assert_eq!(next.canary.as_ref(), if stable_back { None } else { run.canary.as_ref() });
         assert_eq!((image(&next.stable), replicas(&next.stable)), ("example.com/web:1".into(), Some(5)));
         assert_eq!(next.status.phase, Some(AppPhase::RolledBack));
         assert_eq!(next.status.current_version.as_deref(), Some("1"));
