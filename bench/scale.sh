@@ -141,7 +141,15 @@ YAML
     done
   done
 }
-create_all() { ls "$WORK/$1"/*.yaml | xargs -P "$PARALLEL" -n 20 sh -c 'for f; do kubectl create -f "$f" >/dev/null; done' _; }
+# PARALLEL clients at once, each creating whole namespaces' files in turn.
+per_client=$(( (NAMESPACES + PARALLEL - 1) / PARALLEL )); [ "$per_client" -le 20 ] || per_client=20
+create_all() { ls "$WORK/$1"/*.yaml | xargs -P "$PARALLEL" -n "$per_client" sh -c 'for f; do kubectl create -f "$f" >/dev/null; done' _; }
+# delete_namespaces PREFIX: deleted and gone, so that the next system measured does not
+# share the control plane with their deletion (the Service IP allocator above all).
+delete_namespaces() {
+  seq -f "$1-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl delete namespace --wait=false >/dev/null
+  until [ "$(kubectl get namespaces --no-headers | grep -c "^$1-")" = 0 ]; do sleep 1; done
+}
 
 echo ">> baseline: a bare client creates $APPS Deployments and Services in $NAMESPACES namespaces"
 seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 1 kubectl create namespace >/dev/null
@@ -157,7 +165,7 @@ until [ "$(available)" -ge "$APPS" ] \
   && [ "$(kubectl get services -A --no-headers 2>/dev/null | grep -c '^base-')" -ge "$APPS" ]; do sleep "$POLL"; done
 baseline=$(since "$t0")
 echo "   all $APPS Deployments available and Services created after ${baseline}s"
-seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl delete namespace --wait=false >/dev/null
+delete_namespaces base
 
 echo ">> Flotilla: CRDs, RBAC, $REPLICAS replicas, tenants onboarding $NAMESPACES namespaces"
 bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
@@ -331,7 +339,7 @@ if [ "$WITH_ARGO" = 1 ]; then
   for i in $ids; do kill -TERM "${PIDS[$i]}" 2>/dev/null || true; done
   for i in $ids; do while kill -0 "${PIDS[$i]}" 2>/dev/null; do sleep 0.2; done; done
   kill "$SAMPLER" 2>/dev/null || true
-  seq -f "scale-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 50 kubectl delete namespace --wait=false >/dev/null
+  delete_namespaces scale
   kubectl create namespace argo-rollouts >/dev/null
   kubectl -n argo-rollouts create serviceaccount argo-rollouts >/dev/null
   kubectl apply -f "$ARGO_ROLLOUTS_BIN/clusterrole.yaml" >/dev/null
