@@ -526,6 +526,35 @@ async fn promote_abort_retry_and_pause_from_the_cli() {
     rig.wait_events("web", &["StepPromotedByUser", "RolledBack", "PromotedByUser", "Promoted"]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_paused_until_promoted_waits_for_flotilla_promote() {
+    let rig = Rig::start("ro-gate").await;
+    let ns = rig.ns.name.clone();
+    rig.traffic("web", "2", 0.0, 0.05);
+    rig.create(
+        "web",
+        json!({"replicas": 4, "rollout": {"strategy": canary(json!([{"weight": 25, "pause": "untilPromoted"}, {"weight": 50}])),
+               "analysis": analysis(error_rate_check())}}),
+    )
+    .await;
+    rig.wait_for_data("web", "2").await;
+    rig.set_version("web", "2").await;
+    let waiting = rig.wait_phase("web", AppPhase::Paused).await;
+    let (_, reason, message) = condition(&waiting, "Progressing");
+    assert_eq!(reason, "WaitingForPromote");
+    assert!(message.starts_with("Paused (waiting for promote)"), "{message}");
+    // Passing checks and an available canary do not move it on: only a person does.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let still = rig.app("web").await.status.expect("status");
+    assert_eq!((still.phase, still.canary.as_ref().map(|c| c.step)), (Some(AppPhase::Paused), Some(0)));
+    let status = cli(&["status", "web", "-n", &ns]);
+    assert!(status.contains("Paused (waiting for promote)"), "the CLI says what it waits for: {status}");
+    assert!(status.contains("25% until promoted"), "the CLI lists the gate: {status}");
+    cli(&["promote", "web", "-n", &ns]);
+    rig.wait_healthy("web", "2").await;
+    rig.wait_events("web", &["StepPromotedByUser", "Promoted"]).await;
+}
+
 /// The config stamp of a Deployment's pods (`flotilla.dev/config`).
 fn config_stamp_of(d: &k8s_openapi::api::apps::v1::Deployment) -> Option<String> {
     d.spec.as_ref()?.template.metadata.as_ref()?.annotations.as_ref()?.get("flotilla.dev/config").cloned()

@@ -50,6 +50,9 @@ pub struct RollingStrategy {
     pub max_surge: Option<IntOrString>,
 }
 
+/// The value of a canary step's `pause` that waits for `flotilla promote`.
+pub const PAUSE_UNTIL_PROMOTED: &str = "untilPromoted";
+
 /// A canary rollout: the new version gets a growing share of the replicas, one step at a time.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -66,9 +69,9 @@ pub struct CanaryStep {
     /// Percentage of the replicas that run the new version (1 to 100). The canary gets round(weight% x replicas), at least 1 and at most replicas-1.
     #[schemars(range(min = 1, max = 100))]
     pub weight: i32,
-    /// How long to stay at this step once the canary is available, for example `30s` or `2m` (default 0: move on once the analysis passes).
+    /// How long to stay at this step once the canary is available, for example `30s` or `2m` (default 0: move on once the analysis passes), or `untilPromoted`: stay until a person runs `flotilla promote` (the analysis keeps running meanwhile, and a failure still rolls back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h))+$')").message("must be a duration such as 30s, 2m or 1m30s").reason(kube::core::Reason::FieldValueInvalid))]
+    #[x_kube(validation = Rule::new("self == 'untilPromoted' || self.matches('^([0-9]+(ms|s|m|h))+$')").message("must be a duration such as 30s, 2m or 1m30s, or untilPromoted").reason(kube::core::Reason::FieldValueInvalid))]
     #[schemars(length(max = 32))]
     pub pause: Option<String>,
 }

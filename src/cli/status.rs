@@ -161,6 +161,9 @@ fn strategy(app: &App) -> String {
             let listed: Vec<String> = steps
                 .iter()
                 .map(|s| match &s.pause {
+                    Some(p) if p == crate::api::rollout::PAUSE_UNTIL_PROMOTED => {
+                        format!("{}% until promoted", s.weight)
+                    }
                     Some(p) => format!("{}% for {p}", s.weight),
                     None => format!("{}%", s.weight),
                 })

@@ -27,7 +27,7 @@ use super::replicas::{
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::duration::{self, DurationError};
 use crate::api::names::{self, Track};
-use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED};
+use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED, PAUSE_UNTIL_PROMOTED};
 use crate::api::template::{PodTemplate, is_template_of, revision};
 use crate::api::{
     AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
@@ -45,6 +45,8 @@ pub struct Settings {
     pub canary: bool,
     pub weights: Vec<i32>,
     pub pauses: Vec<Duration>,
+    /// Steps that wait for a person's `promote` once their pause and analysis are done.
+    pub gates: Vec<bool>,
     pub deadline: Duration,
     pub analysis: bool,
     pub interval: Duration,
@@ -59,10 +61,13 @@ impl Settings {
         let steps = spec.strategy().and_then(|s| s.canary.as_ref()).map(|c| c.steps.clone()).unwrap_or_default();
         let canary = spec.strategy().is_some_and(|s| s.type_ == StrategyType::Canary) && !steps.is_empty();
         let mut pauses = Vec::with_capacity(steps.len());
+        let mut gates = Vec::with_capacity(steps.len());
         for step in &steps {
+            let gate = step.pause.as_deref() == Some(PAUSE_UNTIL_PROMOTED);
+            gates.push(gate);
             pauses.push(match &step.pause {
-                Some(p) => duration::parse("spec.rollout.strategy.canary.steps[].pause", p)?,
-                None => Duration::ZERO,
+                Some(p) if !gate => duration::parse("spec.rollout.strategy.canary.steps[].pause", p)?,
+                _ => Duration::ZERO,
             });
         }
         let analysis = spec.analysis();
@@ -74,6 +79,7 @@ impl Settings {
             canary,
             weights: steps.iter().map(|s| s.weight).collect(),
             pauses,
+            gates,
             deadline: spec.progress_deadline()?.max(Duration::from_secs(1)),
             analysis: analysis.is_some_and(|a| !a.metrics.is_empty()),
             interval,
@@ -797,8 +803,10 @@ impl Planner<'_> {
         }
 
         let pause = self.settings.pauses[index];
+        let gated = self.settings.gates.get(index).copied().unwrap_or(false);
         let analysed = self.passed_since(&c.step_started_at);
-        if cr.complete && stop.is_none() && !user_paused && available_for >= pause && analysed {
+        let step_done = cr.complete && stop.is_none() && !user_paused && available_for >= pause && analysed;
+        if step_done && !gated {
             c.step += 1;
             c.step_started_at = Time(self.now);
             c.available_since = None;
@@ -838,6 +846,20 @@ impl Planner<'_> {
                     c.step + 1
                 ),
             },
+            // The analysis keeps running while it waits: a failure still rolls back.
+            None if step_done => {
+                if analysed && self.settings.analysis {
+                    self.look_again_in(self.settings.interval);
+                }
+                Outcome {
+                    phase: AppPhase::Paused,
+                    reason: "WaitingForPromote".into(),
+                    message: format!(
+                        "Paused (waiting for promote): the canary of {target} passed step {} of {steps} ({weight}%) and waits for `flotilla promote`",
+                        c.step + 1
+                    ),
+                }
+            }
             None => self.step_outcome(&c, weight, wanted, cr),
         };
         self.canary_objects(stable_version, c, wanted, cr, outcome)

@@ -366,6 +366,39 @@ fn a_rollback_keeps_the_canary_until_the_stable_deployment_is_back_within_the_de
 }
 
 #[test]
+fn a_step_paused_until_promoted_waits_for_a_person_and_keeps_analysing() {
+    let mut app = canary_app(4, &[25, 50], true);
+    if let Some(c) = app.spec.rollout.strategy.as_mut().and_then(|s| s.canary.as_mut()) {
+        c.steps[0].pause = Some(PAUSE_UNTIL_PROMOTED.into());
+    }
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let pass = vec![measurement(MeasurementResult::Pass, Some(0.01))];
+    // Available and passing, for as long as anyone waits: the step does not move on.
+    let mut waiting = app.clone();
+    for second in [3, 13, 600] {
+        let plan = Run::new(&waiting).stable("1", 3, 3).canary("2", 1, 1).measured(pass.clone()).plan(second);
+        assert_eq!(plan.status.canary.as_ref().map(|c| c.step), Some(0), "at {second} s");
+        assert_eq!(plan.status.phase, Some(AppPhase::Paused));
+        let ready = plan.status.conditions.iter().find(|c| c.type_ == PROGRESSING).expect("Progressing");
+        assert_eq!(ready.reason, "WaitingForPromote");
+        assert!(ready.message.starts_with("Paused (waiting for promote)"), "{}", ready.message);
+        waiting = advance(&waiting, &plan);
+    }
+    // A failure while it waits still rolls back.
+    let fail = vec![measurement(MeasurementResult::Fail, Some(0.3))];
+    let once =
+        advance(&waiting, &Run::new(&waiting).stable("1", 3, 3).canary("2", 1, 1).measured(fail.clone()).plan(610));
+    let failed = Run::new(&once).stable("1", 3, 3).canary("2", 1, 1).measured(fail).plan(620);
+    assert_eq!(failed.status.phase, Some(AppPhase::RolledBack));
+    // A person promotes: on to the next step, which has no gate.
+    let promote = with_annotation(&waiting, ANNOTATION_ACTION, "promote 1");
+    let plan = Run::new(&promote).stable("1", 3, 3).canary("2", 1, 1).plan(601);
+    assert_eq!(plan.status.canary.as_ref().map(|c| (c.step, c.weight)), Some((1, 50)));
+    assert_eq!(reasons(&plan), ["StepPromotedByUser"]);
+    assert_eq!(plan.status.phase, Some(AppPhase::Progressing));
+}
+
+#[test]
 fn without_auto_rollback_a_failure_holds_the_rollout() {
     let mut app = canary_app(5, &[20], true);
     app.spec.rollout.auto_rollback = Some(false);
