@@ -168,19 +168,20 @@ async fn a_new_app_costs_its_deployment_its_service_and_one_status_write() {
     .await;
     assert!(settled.is_ok(), "App lean not Healthy within 20 s; writes seen: {}", writes.len());
     let phases: Vec<_> = writes.iter().map(|a| a.status.as_ref().and_then(|s| s.phase)).collect();
-    // The status waits up to 3 s for the Deployment (app::first_deployment); one whose
-    // Deployment took longer on a loaded machine is written Progressing first, legitimately.
+    // The status waits up to 3 s from the Deployment's creation (app::first_deployment); one
+    // whose Deployment took longer on a loaded machine may be written Progressing first.
     let last = writes.last().expect("a status write");
     let ready = last.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready")).expect("Ready");
-    let created_at = created.metadata.creation_timestamp.clone().expect("creationTimestamp").0;
-    let took = ready.last_transition_time.0.duration_since(created_at).as_secs();
-    let want = if took <= 2 {
-        vec![Some(AppPhase::Healthy)]
-    } else {
-        vec![Some(AppPhase::Progressing), Some(AppPhase::Healthy)]
-    };
-    assert_eq!(phases, want, "the App's writes after its creation (Healthy {took} s after it)");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let deployment = deployments.get("lean").await.expect("Deployment lean");
+    let created_at = deployment.metadata.creation_timestamp.clone().expect("creationTimestamp").0;
+    let took = ready.last_transition_time.0.duration_since(created_at).as_secs();
+    let once = vec![Some(AppPhase::Healthy)];
+    let twice = vec![Some(AppPhase::Progressing), Some(AppPhase::Healthy)];
+    assert!(
+        phases == once || (took > 2 && phases == twice),
+        "the App's writes after its creation (Healthy {took} s after its Deployment): {phases:?}"
+    );
     let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), &ns.name);
     assert!(deployments.get_opt("lean").await.expect("get").is_some(), "Deployment lean");
     assert!(services.get_opt("lean").await.expect("get").is_some(), "Service lean");

@@ -234,6 +234,18 @@ pub fn plan(input: &Input) -> Result<Plan, DurationError> {
     Ok(p.finish(stable, canary, outcome))
 }
 
+/// Whether the Deployment's controller saw its current spec and it had pods available (or
+/// wants none): it served, as a stable version does.
+fn served(d: &Deployment) -> bool {
+    let status = d.status.as_ref();
+    let seen = match (d.metadata.generation, status.and_then(|s| s.observed_generation)) {
+        (Some(g), Some(o)) => o >= g,
+        _ => false,
+    };
+    let wants_none = d.spec.as_ref().and_then(|s| s.replicas) == Some(0);
+    seen && (wants_none || status.and_then(|s| s.available_replicas).unwrap_or(0) > 0)
+}
+
 fn elapsed(since: &Time, now: Timestamp) -> Duration {
     let ms = now.as_millisecond().saturating_sub(since.0.as_millisecond());
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
@@ -415,8 +427,11 @@ impl Planner<'_> {
         if self.app.status.as_ref().is_some_and(|s| s.target_version.is_some()) {
             return None;
         }
-        let version = revision_of(self.input.observed.stable?)?.to_string();
-        if version == self.target {
+        let observed = self.input.observed.stable?;
+        let version = revision_of(observed)?.to_string();
+        if version == self.target || !served(observed) {
+            // A Deployment that never served (a first deployment whose status is not written
+            // yet, app::first_deployment) is not a stable version to come back to.
             return None;
         }
         self.status.current_version = Some(version.clone());
@@ -505,7 +520,9 @@ impl Planner<'_> {
     ) -> Option<(Deployment, Readiness)> {
         let canary = self.input.observed.canary?;
         let r = readiness(self.input.observed.stable, stable_version, self.total);
-        if r.complete {
+        // Pods the stable Deployment cannot create (a quota, which the canary's pods may be
+        // using) do not come back by waiting: the canary goes at once.
+        if r.complete || replica_failure(self.input.observed.stable).is_some() {
             return None;
         }
         let rolled_back_at = self

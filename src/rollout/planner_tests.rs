@@ -358,6 +358,18 @@ fn a_rollback_keeps_the_canary_until_the_stable_deployment_is_back_within_the_de
     let back = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).plan(21);
     assert!(back.canary.is_none(), "removed once the stable Deployment is back");
     assert_eq!(back.status.phase, Some(AppPhase::RolledBack));
+    // Pods the stable Deployment cannot create (a quota): not kept.
+    let mut blocked = Run::new(&app).stable("1", 4, 3).canary("2", 2, 2);
+    if let Some(status) = blocked.stable.as_mut().and_then(|d| d.status.as_mut()) {
+        status.conditions = Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
+            type_: "ReplicaFailure".into(),
+            status: "True".into(),
+            reason: Some("FailedCreate".into()),
+            message: Some("exceeded quota".into()),
+            ..Default::default()
+        }]);
+    }
+    assert!(blocked.plan(20).canary.is_none(), "a stable Deployment that cannot create pods does not wait");
     // Never kept past the progress deadline (60 s) after the rollback.
     let late = Run::new(&app).stable("1", 4, 3).canary("2", 2, 2).plan(13 + 60);
     assert!(late.canary.is_none(), "removed at the deadline even with the stable Deployment short");
@@ -819,6 +831,24 @@ fn a_promoted_template_becomes_the_stable_one() {
     assert_eq!(plan.status.current_version.as_deref(), Some(target.as_str()));
     assert_eq!(plan.status.stable_template, app.spec.template, "the new template is kept as the stable one");
     assert_eq!(plan.status.phase, Some(AppPhase::Healthy));
+}
+
+#[test]
+fn a_deployment_that_never_served_is_not_recovered_as_the_stable_version() {
+    // A first deployment's status waits for its Deployment (app::first_deployment); the spec
+    // changes meanwhile. Version 1 never served: version 2 replaces it as a first deployment.
+    let mut app = canary_app(5, &[20, 50], true);
+    app.status = None;
+    let plan = Run::new(&app).stable("1", 5, 0).plan(0);
+    assert!(reasons(&plan).is_empty(), "{:?}", reasons(&plan));
+    assert!(plan.canary.is_none());
+    assert_eq!(image(&plan.stable), "example.com/web:2");
+    assert_eq!(plan.status.current_version, None);
+    // Once it served (or wants no pods), it is the stable version.
+    let served = Run::new(&app).stable("1", 5, 1).plan(0);
+    assert_eq!(reasons(&served), ["StableVersionRecovered", "RolloutStarted"]);
+    let none = Run::new(&app).stable("1", 0, 0).plan(0);
+    assert_eq!(reasons(&none), ["StableVersionRecovered", "RolloutStarted"]);
 }
 
 #[test]
