@@ -111,7 +111,10 @@ PIDS=()
 SAMPLER=
 cleanup() {
   [ -n "$SAMPLER" ] && kill "$SAMPLER" 2>/dev/null || true
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # Only processes still ours: a PID that exited may have been reused.
+  for p in "${PIDS[@]}"; do
+    grep -qaE 'flotilla|rollouts-controller' "/proc/$p/cmdline" 2>/dev/null && kill -9 "$p" 2>/dev/null || true
+  done
   bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
@@ -201,12 +204,14 @@ for i in $ids; do
   "$BIN" run --kubeconfig "$WORK/op-$i.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
     >"$WORK/scale-$i.log" 2>&1 &
   PIDS+=($!)
+  echo "$!" >"$WORK/pid-$i"
 done
 for i in $ids; do until curl -fs "127.0.0.1:$((9660 + i))/readyz" >/dev/null 2>&1; do sleep 0.2; done; done
 # RSS of every replica, once a second: peak and steady come from here.
 ( while true; do
     for i in $ids; do
-      printf '%s %s %s\n' "$(date +%s)" "$i" "$(awk '/VmRSS/{print $2}' "/proc/${PIDS[$i]}/status" 2>/dev/null || echo 0)"
+      # The PID from its file: a replica restarted by the failover has a new one.
+      printf '%s %s %s\n' "$(date +%s)" "$i" "$(awk '/VmRSS/{print $2}' "/proc/$(cat "$WORK/pid-$i")/status" 2>/dev/null || echo 0)"
     done
     sleep 1
   done ) >"$WORK/rss" &
@@ -244,7 +249,7 @@ n = 0
 for line in sys.stdin:
     e = json.loads(line)
     if e.get("stage") == "ResponseComplete" and e.get("verb") in ("create", "update", "patch", "delete") \
-       and e.get("objectRef", {}).get("namespace") != "flotilla-system":
+       and e.get("objectRef", {}).get("namespace", "").removeprefix("scale-").isdigit():
         n += 1
 print(n)')
 steady_at=$(date +%s)
@@ -332,6 +337,7 @@ if [ "$FAILOVER" = 1 ]; then
     "$BIN" run --kubeconfig "$WORK/op-$1.kubeconfig" --admin-addr "127.0.0.1:$((9660 + $1))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$1" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
       >>"$WORK/scale-$1.log" 2>&1 &
     PIDS[$1]=$!
+    echo "$!" >"$WORK/pid-$1"
   }
   failover_from=$(date +%s)
   echo ">> failover with $APPS Apps present: kill -9 of scale-0, changes in $(sample_ns | wc -l) namespaces"
