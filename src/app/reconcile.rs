@@ -209,6 +209,7 @@ async fn reconcile_app(
     // status write that carries the App's resourceVersion, so that a writer that planned from
     // an older App fails instead of overwriting the decision. Killed after this write, the
     // next owner plans from the decision and completes it; killed before, nothing changed.
+    // A first deployment decides nothing to persist (see `first_deployment`).
     if decision_changed(&previous, &plan.status) && !first {
         if !ctx.may_write(&namespace) {
             return Err(fenced());
