@@ -79,6 +79,14 @@ for path in sorted(glob.glob(os.path.join(logs, "audit*.log")), key=os.path.getm
             sys.stdout.write(line)
 PY
 }
+writes_count() { # FROM TO PREFIX: audited writes (the controllers' only) in PREFIX-NNNN namespaces
+  audit_between "$1" "$2" | python3 -c '
+import json, sys
+prefix = sys.argv[1]
+print(sum(1 for line in sys.stdin for e in [json.loads(line)]
+          if e.get("stage") == "ResponseComplete" and e.get("verb") in ("create", "update", "patch", "delete")
+          and e.get("objectRef", {}).get("namespace", "").removeprefix(prefix).isdigit()))' "$3"
+}
 writes() { # $1 $2: time window, $3: prefix of the namespaces, $4: objects created
   audit_between "$1" "$2" | python3 -c '
 import collections, json, sys
@@ -243,15 +251,7 @@ echo "   every App has its Deployment and a current Healthy status after ${floti
 echo ">> idle for ${IDLE}s: writes by the operator in tenant namespaces"
 idle_from=$(stamp)
 sleep "$IDLE"
-idle_writes=$(audit_between "$idle_from" "$(stamp)" | python3 -c '
-import json, sys
-n = 0
-for line in sys.stdin:
-    e = json.loads(line)
-    if e.get("stage") == "ResponseComplete" and e.get("verb") in ("create", "update", "patch", "delete") \
-       and e.get("objectRef", {}).get("namespace", "").removeprefix("scale-").isdigit():
-        n += 1
-print(n)')
+idle_writes=$(writes_count "$idle_from" "$(stamp)" scale-)
 steady_at=$(date +%s)
 
 echo ">> $CHANGES changes of one App each, while all $APPS are present"
@@ -409,12 +409,7 @@ if [ "$WITH_ARGO" = 1 ]; then
   echo ">> idle for ${IDLE}s"
   argo_idle_from=$(stamp)
   sleep "$IDLE"
-  argo_idle_writes=$(audit_between "$argo_idle_from" "$(stamp)" | python3 -c '
-import json, sys
-print(sum(1 for line in sys.stdin for e in [json.loads(line)]
-          if e.get("stage") == "ResponseComplete" and e.get("verb") in ("create", "update", "patch", "delete")
-          and e.get("objectRef", {}).get("namespace", "").removeprefix("argo-").isdigit()
-          and e.get("userAgent", "").startswith("rollouts-controller")))')
+  argo_idle_writes=$(writes_count "$argo_idle_from" "$(stamp)" argo-)
   argo_steady_at=$(date +%s)
   argo_idle_to=$(stamp)
   argo_peak=$(awk '$2>m {m=$2} END{printf "%.0f", m/1024}' "$WORK/rss-argo")
