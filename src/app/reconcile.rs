@@ -306,19 +306,17 @@ async fn reconcile_app(
         (None, Some(refused)) => degraded(&plan.status, &previous, refused, now),
         (None, None) => plan.status.clone(),
     };
-    let quiet = failure.is_none() && refusal.is_none() && plan.notes.is_empty();
-    // The stable Deployment's age: zero when this reconcile created it.
-    let stable_age = match stable.as_deref() {
-        None => Some(Duration::ZERO),
-        Some(d) => deployment_age(d, now),
-    };
-    if stored.as_ref() != Some(&status)
-        && let Some(wait) = status_deferral(first, &status, quiet, stable_age)
-    {
-        debug!(namespace, app = name, ?wait, "first deployment: status waits for the Deployment");
-        return Ok(Action::requeue(wait));
-    }
     if stored.as_ref() != Some(&status) {
+        let quiet = failure.is_none() && refusal.is_none() && plan.notes.is_empty();
+        // The stable Deployment's age: zero when this reconcile created it.
+        let stable_age = match stable.as_deref() {
+            None => Some(Duration::ZERO),
+            Some(d) => deployment_age(d, now),
+        };
+        if let Some(wait) = status_deferral(first, &status, quiet, stable_age) {
+            debug!(namespace, app = name, ?wait, "first deployment: status waits for the Deployment");
+            return Ok(Action::requeue(wait));
+        }
         if !ctx.may_write(&namespace) {
             return Err(fenced());
         }

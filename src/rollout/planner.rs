@@ -863,20 +863,16 @@ impl Planner<'_> {
                     c.step + 1
                 ),
             },
-            // The analysis keeps running while it waits: a failure still rolls back.
-            None if step_done => {
-                if analysed && self.settings.analysis {
-                    self.look_again_in(self.settings.interval);
-                }
-                Outcome {
-                    phase: AppPhase::Paused,
-                    reason: "WaitingForPromote".into(),
-                    message: format!(
-                        "Paused (waiting for promote): the canary of {target} passed step {} of {steps} ({weight}%) and waits for `flotilla promote`",
-                        c.step + 1
-                    ),
-                }
-            }
+            // A gated step: `analyse` above keeps the runs going while it waits (and schedules
+            // the next one), so a failure still rolls back.
+            None if step_done => Outcome {
+                phase: AppPhase::Paused,
+                reason: "WaitingForPromote".into(),
+                message: format!(
+                    "Paused (waiting for promote): the canary of {target} passed step {} of {steps} ({weight}%) and waits for `flotilla promote`",
+                    c.step + 1
+                ),
+            },
             None => self.step_outcome(&c, weight, wanted, cr),
         };
         self.canary_objects(stable_version, c, wanted, cr, outcome)
