@@ -274,24 +274,28 @@ p50=$(echo "$sorted" | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
 p99=$(echo "$sorted" | awk '{a[NR]=$1} END{i=int(NR*0.99+0.999); if(i<1)i=1; print a[i]}')
 
 tck=$(getconf CLK_TCK)
-rows=()
-json_replicas=()
-for i in $ids; do
-  pid=${PIDS[$i]}
-  peak=$(awk -v r="$i" '$2==r && $3>m {m=$3} END{printf "%.0f", m/1024}' "$WORK/rss")
-  steady=$(awk -v r="$i" -v a="$converged_at" -v b="$steady_at" '$2==r && $1>=a && $1<=b {s+=$3; n++} END{printf "%.0f", (n?s/n:0)/1024}' "$WORK/rss")
+# figures PID RSS_FILE KEY FROM TO AGENT: of one controller process, peak and steady RSS (its
+# KEY's samples in RSS_FILE, steady between the unix times FROM and TO), CPU seconds,
+# connections to the apiserver, and requests (audit events whose User-Agent contains AGENT;
+# each system has a control plane of its own). Sets fig_json and fig_row.
+figures() {
+  local pid=$1 rss=$2 key=$3 from=$4 to=$5 agent=$6 peak steady cpu conns requests
+  peak=$(awk -v r="$key" '$2==r && $3>m {m=$3} END{printf "%.0f", m/1024}' "$rss")
+  steady=$(awk -v r="$key" -v a="$from" -v b="$to" '$2==r && $1>=a && $1<=b {s+=$3; n++} END{printf "%.0f", (n?s/n:0)/1024}' "$rss")
   cpu=$(awk -v t="$tck" '{printf "%.1f", ($14+$15)/t}' "/proc/$pid/stat")
   conns=$(ss -tnp 2>/dev/null | grep "pid=$pid," | grep -c ":$api_port " || true)
   requests=$(audit_between 0 9 | python3 -c '
 import json, sys
-ids = set()
-for line in sys.stdin:
-    e = json.loads(line)
-    if e.get("userAgent", "").endswith(f"({sys.argv[1]})"):
-        ids.add(e.get("auditID"))
-print(len(ids))' "scale-$i")
-  rows+=("| scale-$i | $peak MiB | $steady MiB | $cpu s | $conns | $requests |")
-  json_replicas+=("{\"replica\":\"scale-$i\",\"peak_rss_mib\":$peak,\"steady_rss_mib\":$steady,\"cpu_seconds\":$cpu,\"apiserver_connections\":$conns,\"requests\":$requests}")
+print(len({e.get("auditID") for line in sys.stdin for e in [json.loads(line)] if sys.argv[1] in e.get("userAgent", "")}))' "$agent")
+  fig_row="| $peak MiB | $steady MiB | $cpu s | $conns | $requests |"
+  fig_json="\"peak_rss_mib\":$peak,\"steady_rss_mib\":$steady,\"cpu_seconds\":$cpu,\"apiserver_connections\":$conns,\"requests\":$requests"
+}
+rows=()
+json_replicas=()
+for i in $ids; do
+  figures "${PIDS[$i]}" "$WORK/rss" "$i" "$converged_at" "$steady_at" "(scale-$i)"
+  rows+=("| scale-$i $fig_row")
+  json_replicas+=("{\"replica\":\"scale-$i\",$fig_json}")
 done
 ratio=$(awk "BEGIN{printf \"%.2f\", $flotilla / $baseline}")
 
@@ -395,7 +399,7 @@ if [ "$WITH_ARGO" = 1 ]; then
     kill -0 "$ARGO" 2>/dev/null || { tail -20 "$WORK/argo.log"; echo "error: rollouts-controller exited" >&2; exit 1; }
     sleep 0.2
   done
-  ( while true; do printf '%s %s\n' "$(date +%s)" "$(awk '/VmRSS/{print $2}' "/proc/$ARGO/status" 2>/dev/null || echo 0)"; sleep 1; done ) >"$WORK/rss-argo" &
+  ( while true; do printf '%s argo %s\n' "$(date +%s)" "$(awk '/VmRSS/{print $2}' "/proc/$ARGO/status" 2>/dev/null || echo 0)"; sleep 1; done ) >"$WORK/rss-argo" &
   SAMPLER=$!
   argo_from=$(stamp)
   t0=$(now)
@@ -412,15 +416,10 @@ if [ "$WITH_ARGO" = 1 ]; then
   argo_idle_writes=$(writes_count "$argo_idle_from" "$(stamp)" argo-)
   argo_steady_at=$(date +%s)
   argo_idle_to=$(stamp)
-  argo_peak=$(awk '$2>m {m=$2} END{printf "%.0f", m/1024}' "$WORK/rss-argo")
-  argo_steady=$(awk -v a="$argo_converged_at" -v b="$argo_steady_at" '$1>=a && $1<=b {s+=$2; n++} END{printf "%.0f", (n?s/n:0)/1024}' "$WORK/rss-argo")
-  argo_cpu=$(awk -v t="$tck" '{printf "%.1f", ($14+$15)/t}' "/proc/$ARGO/stat")
-  argo_conns=$(ss -tnp 2>/dev/null | grep "pid=$ARGO," | grep -c ":$api_port " || true)
-  argo_requests=$(audit_between "$argo_from" "$(stamp)" | python3 -c '
-import json, sys
-print(len({e.get("auditID") for line in sys.stdin for e in [json.loads(line)] if e.get("userAgent", "").startswith("rollouts-controller")}))')
+  figures "$ARGO" "$WORK/rss-argo" argo "$argo_converged_at" "$argo_steady_at" rollouts-controller/
+  argo_row=$fig_row
   argo_ratio=$(awk "BEGIN{printf \"%.2f\", $argo / $baseline}")
-  argo_json=",\"argo_rollouts\":{\"version\":\"$ARGO_ROLLOUTS_VERSION\",\"seconds\":$argo,\"ratio\":$argo_ratio,\"idle_writes\":$argo_idle_writes,\"peak_rss_mib\":$argo_peak,\"steady_rss_mib\":$argo_steady,\"cpu_seconds\":$argo_cpu,\"apiserver_connections\":$argo_conns,\"requests\":$argo_requests}"
+  argo_json=",\"argo_rollouts\":{\"version\":\"$ARGO_ROLLOUTS_VERSION\",\"seconds\":$argo,\"ratio\":$argo_ratio,\"idle_writes\":$argo_idle_writes,$fig_json}"
 fi
 
 mkdir -p bench/results
@@ -462,8 +461,11 @@ if [ "$WITH_ARGO" = 1 ]; then
   echo "|---|---|---|---|"
   echo "| time until everything exists / converged | ${baseline}s | ${flotilla}s (${ratio}x) | ${argo}s (${argo_ratio}x) |"
   echo "| writes in ${IDLE} idle seconds | | $idle_writes | $argo_idle_writes |"
-  echo "| peak / steady RSS, all replicas | | $(awk -F'|' '{p+=$3; s+=$4} END{printf "%d / %d MiB", p, s}' <<<"$(printf '%s\n' "${rows[@]}" | sed 's/ MiB//g')") | $argo_peak / $argo_steady MiB |"
-  echo "| CPU seconds, all replicas | | $(printf '%s\n' "${rows[@]}" | awk -F'|' '{gsub(/ s/,"",$5); c+=$5} END{printf "%.1f", c}') | $argo_cpu |"
+  # Sums over table rows "| name | peak MiB | steady MiB | cpu s | ...".
+  rss_total() { sed 's/ MiB//g' | awk -F'|' '{p+=$3; s+=$4} END{printf "%d / %d MiB", p, s}'; }
+  cpu_total() { awk -F'|' '{gsub(/ s/,"",$5); c+=$5} END{printf "%.1f", c}'; }
+  echo "| peak / steady RSS, all replicas | | $(printf '%s\n' "${rows[@]}" | rss_total) | $(echo "| argo $argo_row" | rss_total) |"
+  echo "| CPU seconds, all replicas | | $(printf '%s\n' "${rows[@]}" | cpu_total) | $(echo "| argo $argo_row" | cpu_total) |"
   echo
   echo "Writes per Rollout until every Rollout was Healthy (audit log):"
   echo
