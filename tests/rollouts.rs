@@ -54,7 +54,12 @@ async fn a_good_canary_passes_every_step_and_is_promoted() {
     let s = app.status.expect("status");
     assert_eq!(s.history[0].result, RolloutResult::Promoted);
     assert!(s.canary.is_none());
-    assert!(rig.deployment("web-canary").await.is_none(), "the canary Deployment is gone");
+    // The promotion is written to status first, then the canary is deleted (persist first):
+    // the deletion follows within a reconcile, as in the bad-canary test.
+    support::wait_for(Duration::from_secs(20), "canary Deployment removed after promotion", || async {
+        rig.deployment("web-canary").await.is_none().then_some(())
+    })
+    .await;
     let stable = rig.deployment("web").await.expect("stable");
     assert_eq!(image_of(&stable), "registry.example.com/tests/web:2");
     let m = &s.analysis.expect("analysis").measurements[0];
