@@ -643,3 +643,135 @@ async fn a_config_map_change_goes_through_the_canary_and_a_bad_one_is_rolled_bac
     let stamp = config_stamp_of(&rig.deployment("web").await.expect("stable")).expect("stamp");
     assert!(stamp != stable_stamp && Some(&stamp) != canary_stamp.as_ref(), "the stable pods run the fixed config");
 }
+
+fn blue_green(scale_down_delay: &str) -> serde_json::Value {
+    json!({"type": "BlueGreen", "blueGreen": {"scaleDownDelay": scale_down_delay}})
+}
+
+/// The track the Service `name` selects (`None`: every pod of the App), or `Err` when the
+/// Service does not exist.
+async fn selected_track(rig: &Rig, name: &str) -> Result<Option<String>, ()> {
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(rig.client.clone(), &rig.ns.name);
+    let service = services.get_opt(name).await.expect("reading Service").ok_or(())?;
+    let selector = service.spec.and_then(|s| s.selector).unwrap_or_default();
+    Ok(selector.get("flotilla.dev/track").cloned())
+}
+
+fn available(d: &Option<k8s_openapi::api::apps::v1::Deployment>) -> i32 {
+    d.as_ref().and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_capacity() {
+    let rig = Rig::start("ro-bg").await;
+    let ns = rig.ns.name.clone();
+    rig.traffic("web", "2", 0.0, 0.05);
+    rig.create(
+        "web",
+        json!({"replicas": 3, "rollout": {"strategy": blue_green("3s"), "analysis": analysis(error_rate_check())}}),
+    )
+    .await;
+    assert_eq!(
+        selected_track(&rig, "web").await,
+        Ok(Some("stable".into())),
+        "a blue-green App's Service selects one track"
+    );
+    rig.wait_for_data("web", "2").await;
+    rig.set_version("web", "2").await;
+
+    // Sample what the Service selects and how many pods of that track are available, until
+    // the App is Healthy at version 2.
+    let mut tracks: Vec<Option<String>> = Vec::new();
+    let mut saw_preview = false;
+    let mut lowest = i32::MAX;
+    let started = Instant::now();
+    loop {
+        let track = selected_track(&rig, "web").await.expect("the App's Service");
+        let stable = rig.deployment("web").await;
+        let preview = rig.deployment("web-canary").await;
+        let behind = match track.as_deref() {
+            Some("canary") => available(&preview),
+            _ => available(&stable),
+        };
+        lowest = lowest.min(behind);
+        if tracks.last() != Some(&track) {
+            tracks.push(track.clone());
+        }
+        if track.as_deref() == Some("stable")
+            && preview.is_some()
+            && image_of(stable.as_ref().expect("stable")).ends_with(":1")
+        {
+            // Before the switch the new version runs at full size behind the preview Service.
+            if selected_track(&rig, "web-preview").await == Ok(Some("canary".into())) && available(&preview) == 3 {
+                saw_preview = true;
+            }
+        }
+        let s = rig.app("web").await.status.unwrap_or_default();
+        assert_ne!(s.phase, Some(AppPhase::RolledBack), "a good version was rolled back: {:?}", s.conditions);
+        if s.phase == Some(AppPhase::Healthy) && s.current_version.as_deref() == Some("2") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "not promoted in 120 s: {s:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(saw_preview, "the new version ran at full size behind web-preview before the switch");
+    assert_eq!(
+        tracks,
+        [Some("stable".to_string()), Some("canary".to_string()), Some("stable".to_string())],
+        "the Service went from the old pods to the new ones and back to the stable Deployment, nothing in between"
+    );
+    assert!(lowest >= 3, "the Service selected only {lowest} available pods of 3 at some point");
+    let stable = rig.deployment("web").await.expect("stable");
+    assert_eq!(image_of(&stable), "registry.example.com/tests/web:2");
+    support::wait_for(Duration::from_secs(20), "preview Deployment and Service removed", || async {
+        (rig.deployment("web-canary").await.is_none() && selected_track(&rig, "web-preview").await.is_err())
+            .then_some(())
+    })
+    .await;
+    rig.wait_events("web", &["RolloutStarted", "Switched", "ScalingDown", "Promoted"]).await;
+    let status = cli(&["status", "web", "-n", &ns]);
+    assert!(status.contains("BlueGreen (switch automatic, old version kept 3s after it)"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blue_green_rollout_switches_back_when_a_check_fails_after_the_switch() {
+    let rig = Rig::start("ro-bg-back").await;
+    rig.traffic("web", "2", 0.0, 0.05);
+    rig.create(
+        "web",
+        json!({"replicas": 3, "rollout": {"strategy": blue_green("10m"), "analysis": analysis(error_rate_check())}}),
+    )
+    .await;
+    rig.wait_for_data("web", "2").await;
+    rig.set_version("web", "2").await;
+    support::wait_for(Duration::from_secs(90), "the Service switched to version 2", || async {
+        (selected_track(&rig, "web").await == Ok(Some("canary".into()))).then_some(())
+    })
+    .await;
+    // The new version starts failing while the old one is still kept.
+    rig.traffic("web", "2", 0.5, 0.05);
+    let started = Instant::now();
+    loop {
+        let stable = rig.deployment("web").await.expect("stable");
+        assert_eq!(image_of(&stable), "registry.example.com/tests/web:1", "the old version was touched");
+        assert_eq!(available(&Some(stable)), 3, "the old version kept its pods");
+        let s = rig.app("web").await.status.unwrap_or_default();
+        if s.phase == Some(AppPhase::RolledBack) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "not switched back in 60 s: {s:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(selected_track(&rig, "web").await, Ok(Some("stable".into())), "switched back to the old pods");
+    let app = rig.app("web").await;
+    let failed = app.status.clone().and_then(|s| s.failed_version).expect("failed version");
+    assert_eq!(failed.reason, "AnalysisFailed");
+    assert!(failed.message.contains("after the switch"), "{}", failed.message);
+    support::wait_for(Duration::from_secs(20), "preview Deployment and Service removed", || async {
+        (rig.deployment("web-canary").await.is_none() && selected_track(&rig, "web-preview").await.is_err())
+            .then_some(())
+    })
+    .await;
+    rig.wait_events("web", &["Switched", "AnalysisFailed", "RolledBack"]).await;
+}

@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::api::rollout::{
-    Analysis, CanaryStep, CanaryStrategy, MetricCheck, RollingStrategy, Strategy as Rollout, StrategyType,
+    Analysis, BlueGreenStrategy, CanaryStep, CanaryStrategy, MetricCheck, RollingStrategy, Strategy as Rollout,
+    StrategyType,
 };
 use crate::api::template::{PodTemplate, TemplateMetadata};
 use crate::api::tenant::{
@@ -36,11 +37,19 @@ fn strategy() -> impl Strategy<Value = Rollout> {
     prop_oneof![
         of((of(int_or_percent()), of(int_or_percent()))
             .prop_map(|(max_unavailable, max_surge)| RollingStrategy { max_unavailable, max_surge }))
-        .prop_map(|rolling| Rollout { type_: StrategyType::Rolling, rolling, canary: None }),
+        .prop_map(|rolling| Rollout { type_: StrategyType::Rolling, rolling, canary: None, blue_green: None }),
         vec(step, 1..4).prop_map(|steps| Rollout {
             type_: StrategyType::Canary,
             rolling: None,
             canary: Some(CanaryStrategy { steps }),
+            blue_green: None,
+        }),
+        of((of(any::<bool>()), of("[1-9][0-9]?(s|m)"))).prop_map(|bg| Rollout {
+            type_: StrategyType::BlueGreen,
+            rolling: None,
+            canary: None,
+            blue_green: bg
+                .map(|(auto_promotion, scale_down_delay)| BlueGreenStrategy { auto_promotion, scale_down_delay }),
         }),
     ]
 }

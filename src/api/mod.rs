@@ -19,8 +19,9 @@ pub mod v1beta1;
 pub use app::{AppPhase, AppStatus, Autoscaling};
 pub use crds::{crds, crds_yaml};
 pub use rollout::{
-    Analysis, AnalysisStatus, CanaryStatus, CanaryStep, CanaryStrategy, FailedVersion, Measurement, MeasurementResult,
-    MetricCheck, RollingStrategy, RolloutProgress, RolloutRecord, RolloutResult, Strategy, StrategyType,
+    Analysis, AnalysisStatus, BlueGreenStage, BlueGreenStatus, BlueGreenStrategy, CanaryStatus, CanaryStep,
+    CanaryStrategy, FailedVersion, Measurement, MeasurementResult, MetricCheck, RollingStrategy, RolloutProgress,
+    RolloutRecord, RolloutResult, Strategy, StrategyType,
 };
 pub use template::{PodTemplate, TemplateMetadata};
 pub use tenant::{

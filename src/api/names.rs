@@ -78,6 +78,21 @@ pub fn service_selector(app: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(LABEL_NAME.to_string(), app.to_string()), (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string())])
 }
 
+/// Selector of a Service in front of one track only (a blue-green rollout's Services), or of
+/// every pod of the App when `track` is `None`.
+pub fn track_selector(app: &str, track: Option<Track>) -> BTreeMap<String, String> {
+    let mut selector = service_selector(app);
+    if let Some(track) = track {
+        selector.insert(LABEL_TRACK.to_string(), track.as_str().to_string());
+    }
+    selector
+}
+
+/// The Service in front of the new version during a blue-green rollout: `<app>-preview`.
+pub fn preview_service_name(app: &str) -> String {
+    format!("{app}-preview")
+}
+
 /// The HorizontalPodAutoscaler carries the App's own name.
 pub fn hpa_name(app: &str) -> String {
     app.to_string()

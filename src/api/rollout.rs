@@ -16,10 +16,11 @@ pub const ANNOTATION_ACTION: &str = "flotilla.dev/action";
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.type != 'Canary' || has(self.canary)").message("canary is required when type is Canary").reason(kube::core::Reason::FieldValueRequired).field_path(".canary"))]
-#[x_kube(validation = Rule::new("self.type != 'Rolling' || !has(self.canary)").message("canary is only allowed when type is Canary").reason(kube::core::Reason::FieldValueForbidden).field_path(".canary"))]
-#[x_kube(validation = Rule::new("self.type != 'Canary' || !has(self.rolling)").message("rolling is only allowed when type is Rolling").reason(kube::core::Reason::FieldValueForbidden).field_path(".rolling"))]
+#[x_kube(validation = Rule::new("self.type == 'Canary' || !has(self.canary)").message("canary is only allowed when type is Canary").reason(kube::core::Reason::FieldValueForbidden).field_path(".canary"))]
+#[x_kube(validation = Rule::new("self.type == 'Rolling' || !has(self.rolling)").message("rolling is only allowed when type is Rolling").reason(kube::core::Reason::FieldValueForbidden).field_path(".rolling"))]
+#[x_kube(validation = Rule::new("self.type == 'BlueGreen' || !has(self.blueGreen)").message("blueGreen is only allowed when type is BlueGreen").reason(kube::core::Reason::FieldValueForbidden).field_path(".blueGreen"))]
 pub struct Strategy {
-    /// `Rolling` (default): the Deployment is updated in place. `Canary`: a second Deployment runs the new version beside the stable one, step by step.
+    /// `Rolling` (default): the Deployment is updated in place. `Canary`: a second Deployment runs the new version beside the stable one, step by step. `BlueGreen`: the new version comes up at full size behind the `<app>-preview` Service and the App's Service switches to it in one write.
     #[serde(rename = "type", default)]
     pub type_: StrategyType,
     /// Surge and unavailability bounds of a rolling update.
@@ -28,6 +29,9 @@ pub struct Strategy {
     /// Steps of a canary rollout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<CanaryStrategy>,
+    /// Settings of a blue-green rollout (all optional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blue_green: Option<BlueGreenStrategy>,
 }
 
 /// The two ways to roll out.
@@ -36,6 +40,23 @@ pub enum StrategyType {
     #[default]
     Rolling,
     Canary,
+    BlueGreen,
+}
+
+/// A blue-green rollout: the new version runs at full size behind `<app>-preview`, is checked
+/// there, and then takes all the traffic at once; the old version stays until `scaleDownDelay`
+/// has passed with the checks still passing, so that a failure switches back at once.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BlueGreenStrategy {
+    /// Switch the App's Service to the new version once it is available and its checks pass (default true). When false, it waits in phase Paused for `flotilla promote`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_promotion: Option<bool>,
+    /// How long the old version keeps running after the switch, while the checks go on against the new one: a failure in that time switches back at once. A duration such as `30s` or `5m` (default 30s, at most 1h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h))+$') && duration(self) <= duration('1h')").message("must be a duration of at most 1h, such as 30s or 5m").reason(kube::core::Reason::FieldValueInvalid))]
+    #[schemars(length(max = 32))]
+    pub scale_down_delay: Option<String>,
 }
 
 /// Bounds of a rolling update, as on a Deployment (a count or a percentage such as `25%`).
@@ -51,6 +72,10 @@ pub struct RollingStrategy {
 }
 
 /// The value of a canary step's `pause` that waits for `flotilla promote`.
+/// How long a blue-green rollout keeps the old version after the switch when
+/// `scaleDownDelay` is unset.
+pub const DEFAULT_SCALE_DOWN_DELAY: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub const PAUSE_UNTIL_PROMOTED: &str = "untilPromoted";
 
 /// A canary rollout: the new version gets a growing share of the replicas, one step at a time.
@@ -141,6 +166,32 @@ pub struct CanaryStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_since: Option<Time>,
     /// Since when the canary is not fully available (the progress deadline counts from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_since: Option<Time>,
+}
+
+/// Where a blue-green rollout stands.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlueGreenStage {
+    /// The new version runs behind `<app>-preview`; the App's Service still selects the old one.
+    Preview,
+    /// The App's Service selects the new version; the old one runs until `scaleDownDelay` passes.
+    Switched,
+    /// The stable Deployment moves to the new version (the App's Service still selects the
+    /// preview pods); then the App's Service selects it and the preview Deployment goes.
+    Promoting,
+}
+
+/// Progress of a blue-green rollout.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BlueGreenStatus {
+    pub stage: BlueGreenStage,
+    /// When this stage began.
+    pub since: Time,
+    /// Replicas of the preview Deployment (`<app>-canary`).
+    pub replicas: i32,
+    /// Since when the preview is not fully available (the progress deadline counts from here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable_since: Option<Time>,
 }

@@ -31,6 +31,7 @@ use super::tenant::{
     validation = Rule::new("self.metadata.name.size() <= 56").message("metadata.name: must be at most 56 characters, so that derived names such as <name>-canary stay within 63"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name: must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter), because it names a Deployment, its pods' labels and a Service"),
     validation = Rule::new("!self.metadata.name.endsWith('-canary') && !self.metadata.name.endsWith('-preview')").message("metadata.name: must not end in -canary or -preview: those names are kept for the objects an App derives (App web's canary Deployment is web-canary), so two Apps can never derive the same name"),
+    validation = Rule::new("!has(self.spec.strategy) || self.spec.strategy.type != 'BlueGreen' || self.metadata.name.size() <= 55").message("metadata.name: a BlueGreen App's name must be at most 55 characters, so that its preview Service <name>-preview stays within 63"),
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("spec.replicas and spec.autoscaling are mutually exclusive: with autoscaling the HorizontalPodAutoscaler owns the replica count").reason(kube::core::Reason::FieldValueForbidden).field_path(".replicas"))]

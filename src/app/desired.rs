@@ -250,13 +250,23 @@ pub fn container_security_context() -> SecurityContext {
     }
 }
 
-/// The Service in front of both tracks: it splits traffic by replica count.
-pub fn desired_service(app: &App, id: &AppIdentity) -> Service {
+/// The App's Service: in front of both tracks (it splits traffic by replica count), or of one
+/// track while a blue-green rollout decides which version serves.
+pub fn desired_service(app: &App, id: &AppIdentity, track: Option<Track>) -> Service {
+    service(app, id, names::service_name(&id.name), track)
+}
+
+/// The preview Service of a blue-green rollout, in front of the new version only.
+pub fn desired_preview_service(app: &App, id: &AppIdentity) -> Service {
+    service(app, id, names::preview_service_name(&id.name), Some(Track::Canary))
+}
+
+fn service(app: &App, id: &AppIdentity, name: String, track: Option<Track>) -> Service {
     let port = app.spec.port.unwrap_or(names::DEFAULT_APP_PORT);
     Service {
-        metadata: id.meta(names::service_name(&id.name), names::service_selector(&id.name)),
+        metadata: id.meta(name, names::service_selector(&id.name)),
         spec: Some(ServiceSpec {
-            selector: Some(names::service_selector(&id.name)),
+            selector: Some(names::track_selector(&id.name, track)),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
                 port: names::SERVICE_PORT,

@@ -19,8 +19,8 @@ use tracing::{Span, debug, field, info, instrument, warn};
 use super::config;
 use super::context::Context;
 use super::desired::{
-    AppIdentity, Difference, deployment_differences, desired_hpa, desired_service, hpa_differences, owned_by,
-    service_differences,
+    AppIdentity, Difference, deployment_differences, desired_hpa, desired_preview_service, desired_service,
+    hpa_differences, owned_by, service_differences,
 };
 use super::error::{ReconcileError, retry_delay};
 use super::first_deployment::{is_first_deployment, status_deferral};
@@ -219,10 +219,13 @@ async fn reconcile_app(
         stored = Some(plan.status.clone());
     }
 
-    // Apply: only what differs, stable first so that capacity comes before the canary goes.
+    // Apply: only what differs, stable first so that capacity comes before the canary goes,
+    // and the Services before a Deployment is deleted, so that no Service selects pods that
+    // are going (a blue-green rollout switched back).
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut failure: Option<ReconcileError> = None;
     let mut changes = Changes::default();
+    let mut to_delete = None;
     let wanted =
         [(Some(&plan.stable), stable.as_deref(), stable_cached.is_some(), names::stable_deployment_name(&name))]
             .into_iter()
@@ -258,28 +261,46 @@ async fn reconcile_app(
                     Err(e) => Err(e),
                 }
             }
-            None => match have {
-                Some(have) => {
-                    if !ctx.may_write(&namespace) {
-                        return Err(fenced());
-                    }
-                    delete(&deployments, have, "Deployment").await.map(|_| None)
-                }
-                None => continue,
-            },
+            None => {
+                to_delete = have.map(|have| (have, object_name));
+                continue;
+            }
         };
         match result {
             Ok(Some((diffs, existed))) => {
                 ctx.note_change(&mut changes, &app_ref, "Deployment", &object_name, existed, planned, &diffs);
             }
-            Ok(None) => info!(namespace, deployment = object_name, "deleted the canary Deployment"),
+            Ok(None) => {}
             Err(e) => failure = Some(e),
         }
     }
+    if failure.is_none() {
+        let active = desired_service(&app, &id, plan.active);
+        if let Err(e) = reconcile_service(&app, &id, ctx, active, spec_changed, &mut changes).await {
+            failure = Some(e);
+        }
+    }
+    if failure.is_none() {
+        let result = if plan.preview {
+            let preview = desired_preview_service(&app, &id);
+            reconcile_service(&app, &id, ctx, preview, spec_changed, &mut changes).await
+        } else {
+            remove_preview_service(&id, ctx).await
+        };
+        if let Err(e) = result {
+            failure = Some(e);
+        }
+    }
     if failure.is_none()
-        && let Err(e) = reconcile_service(&app, &id, ctx, spec_changed, &mut changes).await
+        && let Some((have, object_name)) = to_delete
     {
-        failure = Some(e);
+        if !ctx.may_write(&namespace) {
+            return Err(fenced());
+        }
+        match delete(&deployments, have, "Deployment").await {
+            Ok(()) => info!(namespace, deployment = object_name, "deleted the canary Deployment"),
+            Err(e) => failure = Some(e),
+        }
     }
     if failure.is_none()
         && let Err(e) =
@@ -473,15 +494,18 @@ where
     }
 }
 
+/// Creates or updates one of the App's Services (`wanted`: the App's own, or a blue-green
+/// rollout's preview) to match `wanted`.
 async fn reconcile_service(
     app: &App,
     id: &AppIdentity,
     ctx: &Context,
+    wanted: Service,
     spec_changed: bool,
     changes: &mut Changes,
 ) -> Result<(), ReconcileError> {
     let namespace = &id.namespace;
-    let name = names::service_name(&id.name);
+    let name = wanted.metadata.name.clone().unwrap_or_default();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
     let mut observed = ctx.services.get(&ObjectRef::new(&name).within(namespace));
     if ctx.service_cache_behind(namespace, &name, observed.as_deref()) {
@@ -498,7 +522,6 @@ async fn reconcile_service(
     }
     let cached = observed.is_some();
     let observed = observed.filter(|s| controlled_by_app(s.as_ref(), id));
-    let wanted = desired_service(app, id);
     let diffs = service_differences(&wanted, observed.as_deref());
     if diffs.is_empty() {
         return Ok(());
@@ -514,6 +537,26 @@ async fn reconcile_service(
     let applied = apply(&api, &name, &wanted, observed.as_ref(), "Service").await?;
     ctx.remember_applied_service(namespace, &name, applied.metadata.resource_version);
     ctx.note_change(changes, &app.object_ref(&()), "Service", &name, observed.is_some(), spec_changed, &diffs);
+    Ok(())
+}
+
+/// Deletes the preview Service of a finished blue-green rollout, when the cache shows one this
+/// App controls (a Service of that name that is not the App's is left alone).
+async fn remove_preview_service(id: &AppIdentity, ctx: &Context) -> Result<(), ReconcileError> {
+    let namespace = &id.namespace;
+    let name = names::preview_service_name(&id.name);
+    let Some(observed) = ctx.services.get(&ObjectRef::new(&name).within(namespace)) else {
+        return Ok(());
+    };
+    if !controlled_by_app(observed.as_ref(), id) {
+        return Ok(());
+    }
+    if !ctx.may_write(namespace) {
+        return Err(ReconcileError::Fenced { namespace: namespace.clone() });
+    }
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
+    delete(&api, observed.as_ref(), "Service").await?;
+    info!(namespace, service = name, "deleted the preview Service");
     Ok(())
 }
 

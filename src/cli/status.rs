@@ -8,8 +8,8 @@ use kube::ResourceExt;
 use crate::api::conditions::{PROGRESSING, READY};
 use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED};
 use crate::api::{
-    AnalysisStatus, App, AppStatus, CanaryStatus, Measurement, MeasurementResult, RolloutProgress, RolloutResult,
-    StrategyType,
+    AnalysisStatus, App, AppStatus, BlueGreenStage, BlueGreenStatus, CanaryStatus, Measurement, MeasurementResult,
+    RolloutProgress, RolloutResult, StrategyType,
 };
 use crate::rollout::planner::DEFAULT_FAILURE_LIMIT;
 
@@ -37,6 +37,9 @@ pub fn render_status(app: &App, now: Timestamp) -> String {
     out.field("Strategy", &strategy(app));
     if let Some(c) = &status.canary {
         out.field("Canary", &canary(c, now));
+    }
+    if let Some(b) = &status.blue_green {
+        out.field("BlueGreen", &blue_green(&app.name_any(), b, now));
     }
     if let Some(r) = &status.rollout {
         out.field("Rollout", &rollout(r, now));
@@ -174,6 +177,12 @@ fn strategy(app: &App) -> String {
                 n => format!("Canary, {n} steps: {}", listed.join(", ")),
             }
         }
+        Some(StrategyType::BlueGreen) => {
+            let bg = strategy.and_then(|s| s.blue_green.clone()).unwrap_or_default();
+            let delay = bg.scale_down_delay.unwrap_or_else(|| "30s".to_string());
+            let promotion = if bg.auto_promotion.unwrap_or(true) { "automatic" } else { "by flotilla promote" };
+            format!("BlueGreen (switch {promotion}, old version kept {delay} after it)")
+        }
         Some(StrategyType::Rolling) | None => {
             let rolling = strategy.and_then(|s| s.rolling.as_ref());
             let bounds: Vec<String> = [
@@ -213,6 +222,16 @@ fn canary(c: &CanaryStatus, now: Timestamp) -> String {
             ago(&c.step_started_at, now)
         )
     }
+}
+
+/// `switched: the Service selects the new version (4 replicas), began 12s ago`.
+fn blue_green(app: &str, b: &BlueGreenStatus, now: Timestamp) -> String {
+    let stage = match b.stage {
+        BlueGreenStage::Preview => format!("preview behind {}", crate::api::names::preview_service_name(app)),
+        BlueGreenStage::Switched => "switched: the Service selects the new version".to_string(),
+        BlueGreenStage::Promoting => "promoting: the stable Deployment moves to the new version".to_string(),
+    };
+    format!("{stage} ({}), began {}", plural(b.replicas, "replica"), ago(&b.since, now))
 }
 
 fn rollout(r: &RolloutProgress, now: Timestamp) -> String {

@@ -27,7 +27,7 @@ use super::replicas::{
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::duration::{self, DurationError};
 use crate::api::names::{self, Track};
-use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED, PAUSE_UNTIL_PROMOTED};
+use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED, DEFAULT_SCALE_DOWN_DELAY, PAUSE_UNTIL_PROMOTED};
 use crate::api::template::{PodTemplate, is_template_of, revision};
 use crate::api::{
     AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
@@ -53,6 +53,15 @@ pub struct Settings {
     pub failure_limit: i32,
     pub auto_rollback: bool,
     pub history_limit: usize,
+    /// Set for the BlueGreen strategy.
+    pub blue_green: Option<BlueGreenSettings>,
+}
+
+/// A blue-green rollout's settings, with defaults applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlueGreenSettings {
+    pub auto_promotion: bool,
+    pub scale_down_delay: Duration,
 }
 
 impl Settings {
@@ -75,7 +84,19 @@ impl Settings {
             Some(i) => duration::parse("spec.rollout.analysis.interval", i)?.max(Duration::from_secs(1)),
             None => DEFAULT_INTERVAL,
         };
+        let blue_green = match spec.strategy() {
+            Some(s) if s.type_ == StrategyType::BlueGreen => {
+                let bg = s.blue_green.clone().unwrap_or_default();
+                let scale_down_delay = match bg.scale_down_delay.as_deref() {
+                    Some(d) => duration::parse("spec.rollout.strategy.blueGreen.scaleDownDelay", d)?,
+                    None => DEFAULT_SCALE_DOWN_DELAY,
+                };
+                Some(BlueGreenSettings { auto_promotion: bg.auto_promotion.unwrap_or(true), scale_down_delay })
+            }
+            _ => None,
+        };
         Ok(Self {
+            blue_green,
             canary,
             weights: steps.iter().map(|s| s.weight).collect(),
             pauses,
@@ -173,6 +194,10 @@ pub struct Plan {
     pub recheck: Option<Duration>,
     /// The checks should run now; plan again with their results.
     pub analysis_due: bool,
+    /// The pods the App's Service selects: one track (a blue-green App), or both (`None`).
+    pub active: Option<Track>,
+    /// The preview Service of a blue-green rollout must exist.
+    pub preview: bool,
 }
 
 /// The two Deployments the App should have (`None`: no canary) and where it stands.
@@ -197,6 +222,8 @@ struct Planner<'a> {
     total: i32,
     /// The revision the spec asks for (`api::template::revision`).
     target: String,
+    active: Option<Track>,
+    preview: bool,
 }
 
 /// Plans one reconcile of `input.app`.
@@ -204,6 +231,9 @@ pub fn plan(input: &Input) -> Result<Plan, DurationError> {
     let app = input.app;
     let settings = Settings::of(app)?;
     let target = revision(&app.spec.version, app.spec.template.as_ref());
+    // A blue-green App's Service selects the stable track unless its rollout says otherwise,
+    // so that the new version's pods take traffic only when switched to.
+    let settings_blue_green = settings.blue_green.is_some();
     let mut p = Planner {
         input,
         app,
@@ -215,6 +245,8 @@ pub fn plan(input: &Input) -> Result<Plan, DurationError> {
         recheck: None,
         analysis_due: false,
         now: input.now,
+        active: settings_blue_green.then_some(Track::Stable),
+        preview: false,
     };
     let request = pending_request(app);
     let verb = match &request {
@@ -389,7 +421,14 @@ impl Planner<'_> {
                 Some(RolloutProgress { started_at: Time(self.now), progress_since: None, promoted_by_user: false });
             self.status.analysis = self.settings.analysis.then(AnalysisStatus::default);
             self.status.canary = None;
-            let how = if self.settings.canary { "canary" } else { "rolling" };
+            self.status.blue_green = None;
+            let how = if self.settings.canary {
+                "canary"
+            } else if self.settings.blue_green.is_some() {
+                "blue-green"
+            } else {
+                "rolling"
+            };
             let verb_text = if retry { "retrying" } else { "rolling out" };
             self.note(
                 false,
@@ -400,7 +439,8 @@ impl Planner<'_> {
         if verb == Some(Verb::Abort) {
             return self.fail(&stable_version, "Aborted", "aborted by a user".into());
         }
-        if matches!(verb, Some(Verb::PromoteFull)) || (matches!(verb, Some(Verb::Promote)) && !self.settings.canary) {
+        let stepwise = self.settings.canary || self.settings.blue_green.is_some();
+        if matches!(verb, Some(Verb::PromoteFull)) || (matches!(verb, Some(Verb::Promote)) && !stepwise) {
             if let Some(r) = self.status.rollout.as_mut() {
                 r.promoted_by_user = true;
             }
@@ -411,8 +451,13 @@ impl Planner<'_> {
             );
         }
         if self.settings.canary && self.total > 0 {
+            self.status.blue_green = None;
             self.canary(&stable_version, verb == Some(Verb::Promote))
+        } else if self.settings.blue_green.is_some() && self.total > 0 {
+            self.status.canary = None;
+            self.blue_green(&stable_version, verb == Some(Verb::Promote))
         } else {
+            self.status.blue_green = None;
             self.rolling(&stable_version)
         }
     }
@@ -453,6 +498,7 @@ impl Planner<'_> {
     fn steady(&mut self, version: &str) -> Planned {
         self.status.rollout = None;
         self.status.canary = None;
+        self.status.blue_green = None;
         self.status.target_version = Some(version.to_string());
         let stable = self.stable_from_spec(version, fixed_replicas(self.app), false);
         let r = readiness(self.input.observed.stable, &self.target, self.total);
@@ -491,6 +537,12 @@ impl Planner<'_> {
     fn rolled_back(&mut self, stable_version: &str, failed: &FailedVersion) -> Planned {
         self.status.rollout = None;
         self.status.canary = None;
+        self.status.blue_green = None;
+        if self.settings.blue_green.is_some() {
+            // Switched back, in the same write: the Service selects the stable pods again.
+            self.active = Some(Track::Stable);
+            self.preview = false;
+        }
         self.status.target_version = Some(stable_version.to_string());
         let stable = self.stable_kept(stable_version, fixed_replicas(self.app));
         let kept = self.canary_kept_for_capacity(stable_version, failed);
@@ -670,6 +722,7 @@ impl Planner<'_> {
         self.set_stable(&target);
         self.status.rollout = None;
         self.status.canary = None;
+        self.status.blue_green = None;
         self.status.failed_version = None;
         Outcome { phase: AppPhase::Healthy, reason: "Promoted".into(), message }
     }
@@ -1013,6 +1066,8 @@ impl Planner<'_> {
             notes: self.notes,
             recheck: self.recheck,
             analysis_due: self.analysis_due,
+            active: self.active,
+            preview: self.preview,
         }
     }
 }
@@ -1047,6 +1102,9 @@ impl AnalysisStop {
         }
     }
 }
+
+#[path = "bluegreen.rs"]
+mod bluegreen;
 
 #[cfg(test)]
 #[path = "planner_tests.rs"]

@@ -24,6 +24,7 @@ fn canary_app(replicas: i32, weights: &[i32], analysis: bool) -> App {
                     type_: StrategyType::Canary,
                     rolling: None,
                     canary: Some(CanaryStrategy { steps }),
+                    blue_green: None,
                 }),
                 analysis: analysis.then(|| Analysis {
                     interval: Some("10s".into()),
@@ -871,3 +872,6 @@ fn a_lost_status_keeps_the_running_template_for_a_rollback() {
     assert_eq!(pod.containers.len(), 1, "no container added by reading the template back");
     assert_eq!(image(&plan.stable), "example.com/web:2");
 }
+
+#[path = "bluegreen_tests.rs"]
+mod bluegreen;

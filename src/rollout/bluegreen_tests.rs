@@ -1,0 +1,189 @@
+//! Table tests of the BlueGreen strategy: preview, switch, the delay that keeps the old
+//! version, promotion, and switching back.
+
+use super::*;
+use crate::api::{BlueGreenStage, BlueGreenStrategy};
+use k8s_openapi::api::apps::v1::DeploymentCondition;
+
+fn blue_green_app(replicas: i32, analysis: bool, auto_promotion: bool) -> App {
+    let mut app = canary_app(replicas, &[50], analysis);
+    app.spec.rollout.strategy = Some(Strategy {
+        type_: StrategyType::BlueGreen,
+        rolling: None,
+        canary: None,
+        blue_green: Some(BlueGreenStrategy {
+            auto_promotion: Some(auto_promotion),
+            scale_down_delay: Some("30s".into()),
+        }),
+    });
+    app
+}
+
+fn stage(plan: &Plan) -> Option<BlueGreenStage> {
+    plan.status.blue_green.as_ref().map(|b| b.stage)
+}
+
+fn pass() -> Vec<Measurement> {
+    vec![measurement(MeasurementResult::Pass, Some(0.01))]
+}
+
+fn fail() -> Vec<Measurement> {
+    vec![measurement(MeasurementResult::Fail, Some(0.3))]
+}
+
+#[test]
+fn a_blue_green_rollout_previews_switches_keeps_the_old_version_then_promotes() {
+    let app = blue_green_app(4, true, true);
+    let plan = Run::new(&app).stable("1", 4, 4).plan(0);
+    assert_eq!(reasons(&plan), ["RolloutStarted"]);
+    let preview = plan.canary.as_ref().expect("the new version's Deployment");
+    assert_eq!((image(preview), replicas(preview)), ("example.com/web:2".into(), Some(4)), "at full size");
+    assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(4)));
+    assert_eq!((plan.active, plan.preview), (Some(Track::Stable), true), "the Service stays on the old pods");
+    assert_eq!(stage(&plan), Some(BlueGreenStage::Preview));
+
+    // Available behind the preview Service: a run is due; nothing switches before it passes.
+    let app = advance(&app, &plan);
+    let due = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).plan(3);
+    assert!(due.analysis_due);
+    assert_eq!((due.active, stage(&due)), (Some(Track::Stable), Some(BlueGreenStage::Preview)));
+
+    // It passes: the Service switches in this plan; the old version stays at full size.
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(pass()).plan(3);
+    assert_eq!(reasons(&plan), ["Switched"]);
+    assert_eq!((plan.active, stage(&plan)), (Some(Track::Canary), Some(BlueGreenStage::Switched)));
+    assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(4)));
+    assert_eq!(plan.recheck, Some(Duration::from_secs(10)), "the next run, before the 30 s delay ends");
+
+    // Within the delay the old version stays, however well the checks go.
+    let app = advance(&app, &plan);
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(pass()).plan(13);
+    assert_eq!((plan.active, stage(&plan)), (Some(Track::Canary), Some(BlueGreenStage::Switched)));
+    assert_eq!(image(&plan.stable), "example.com/web:1");
+
+    // After it, with a run that passed after the switch: the stable Deployment moves to the
+    // new version while the Service still selects the preview pods.
+    let app = advance(&app, &plan);
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(pass()).plan(34);
+    assert_eq!(reasons(&plan), ["ScalingDown"]);
+    assert_eq!(stage(&plan), Some(BlueGreenStage::Promoting));
+    assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:2".into(), Some(4)));
+    assert_eq!((plan.active, plan.canary.is_some()), (Some(Track::Canary), true));
+
+    // The stable Deployment is available on it: the Service selects it, the preview goes.
+    let app = advance(&app, &plan);
+    let plan = Run::new(&app).stable("2", 4, 4).canary("2", 4, 4).plan(40);
+    assert_eq!(reasons(&plan), ["Promoted"]);
+    assert_eq!((plan.active, plan.preview, plan.canary.is_none()), (Some(Track::Stable), false, true));
+    assert_eq!(plan.status.current_version.as_deref(), Some("2"));
+    assert_eq!(plan.status.phase, Some(AppPhase::Healthy));
+    assert!(plan.status.blue_green.is_none());
+}
+
+#[test]
+fn a_failed_check_after_the_switch_switches_back_at_once() {
+    let app = blue_green_app(4, true, true);
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(pass()).plan(3));
+    assert_eq!(
+        app.status.as_ref().and_then(|s| s.blue_green.as_ref()).map(|b| b.stage),
+        Some(BlueGreenStage::Switched)
+    );
+    let once = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(fail()).plan(13);
+    assert_eq!(once.active, Some(Track::Canary), "one failed run of two does not switch back");
+    let app = advance(&app, &once);
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(fail()).plan(23);
+    assert_eq!(reasons(&plan), ["AnalysisFailed", "RolledBack"]);
+    assert_eq!((plan.active, plan.preview), (Some(Track::Stable), false), "switched back in the same plan");
+    assert!(plan.canary.is_none(), "the old version never left: the new one goes at once");
+    assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(4)));
+    assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
+    let failed = plan.status.failed_version.as_ref().expect("failed");
+    assert!(failed.message.contains("after the switch"), "{}", failed.message);
+}
+
+#[test]
+fn a_failed_preview_is_rolled_back_without_ever_switching() {
+    let app = blue_green_app(4, true, true);
+    let mut app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    for second in [3, 13] {
+        let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(fail()).plan(second);
+        assert_eq!(plan.active, Some(Track::Stable), "at {second} s");
+        app = advance(&app, &plan);
+    }
+    assert_eq!(app.status.as_ref().and_then(|s| s.phase), Some(AppPhase::RolledBack));
+}
+
+#[test]
+fn without_auto_promotion_the_switch_waits_for_promote() {
+    let app = blue_green_app(3, true, false);
+    let mut app = advance(&app, &Run::new(&app).stable("1", 3, 3).plan(0));
+    for second in [3, 13, 600] {
+        let plan = Run::new(&app).stable("1", 3, 3).canary("2", 3, 3).measured(pass()).plan(second);
+        assert_eq!((plan.active, plan.status.phase), (Some(Track::Stable), Some(AppPhase::Paused)), "at {second} s");
+        let p = plan.status.conditions.iter().find(|c| c.type_ == PROGRESSING).expect("Progressing");
+        assert!(p.message.starts_with("Paused (waiting for promote)"), "{}", p.message);
+        app = advance(&app, &plan);
+    }
+    let promote = with_annotation(&app, ANNOTATION_ACTION, "promote 1");
+    let plan = Run::new(&promote).stable("1", 3, 3).canary("2", 3, 3).plan(601);
+    assert_eq!(reasons(&plan), ["Switched"]);
+    assert_eq!((plan.active, stage(&plan)), (Some(Track::Canary), Some(BlueGreenStage::Switched)));
+    // A second promote skips what is left of the delay.
+    let again = with_annotation(&advance(&promote, &plan), ANNOTATION_ACTION, "promote 2");
+    let plan = Run::new(&again).stable("1", 3, 3).canary("2", 3, 3).plan(602);
+    assert_eq!(stage(&plan), Some(BlueGreenStage::Promoting));
+}
+
+#[test]
+fn a_preview_that_cannot_be_created_names_why_and_is_rolled_back_at_the_deadline() {
+    let app = blue_green_app(4, false, true);
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let mut run = Run::new(&app).stable("1", 4, 4).canary("2", 4, 2);
+    let quota = "pods \"web-canary-x\" is forbidden: exceeded quota: compute, requested: cpu=500m";
+    if let Some(status) = run.canary.as_mut().and_then(|d| d.status.as_mut()) {
+        status.conditions = Some(vec![DeploymentCondition {
+            type_: "ReplicaFailure".into(),
+            status: "True".into(),
+            reason: Some("FailedCreate".into()),
+            message: Some(quota.into()),
+            ..DeploymentCondition::default()
+        }]);
+    }
+    let plan = run.plan(5);
+    let p = plan.status.conditions.iter().find(|c| c.type_ == PROGRESSING).expect("Progressing");
+    assert!(p.message.contains("exceeded quota: compute"), "{}", p.message);
+    assert_eq!(plan.active, Some(Track::Stable));
+    let app = advance(&app, &plan);
+    let late = Run { app: &app, ..run }.plan(70);
+    assert_eq!(late.status.phase, Some(AppPhase::RolledBack));
+    assert!(late.canary.is_none());
+    let failed = late.status.failed_version.as_ref().expect("failed");
+    assert!(failed.message.contains("exceeded quota"), "{}", failed.message);
+}
+
+#[test]
+fn only_a_blue_green_app_s_service_selects_one_track() {
+    let bg = blue_green_app(2, false, true);
+    let mut steady = bg.clone();
+    steady.spec.version = "1".into();
+    assert_eq!(Run::new(&steady).stable("1", 2, 2).plan(0).active, Some(Track::Stable));
+    let rolling = rolling_app(false);
+    let plan = Run::new(&rolling).stable("1", 4, 4).plan(0);
+    assert_eq!((plan.active, plan.preview), (None, false));
+    let canary = canary_app(4, &[50], false);
+    assert_eq!(Run::new(&canary).stable("1", 4, 4).plan(0).active, None);
+}
+
+#[test]
+fn setting_the_version_back_after_the_switch_selects_the_stable_pods_again() {
+    let app = blue_green_app(4, false, true);
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).plan(3);
+    assert_eq!(stage(&plan), Some(BlueGreenStage::Switched));
+    let mut app = advance(&app, &plan);
+    app.spec.version = "1".into();
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).plan(5);
+    assert_eq!(reasons(&plan), ["Reverted"]);
+    assert_eq!((plan.active, plan.preview, plan.canary.is_none()), (Some(Track::Stable), false, true));
+}
