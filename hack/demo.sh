@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The main job: a local control plane, a real Prometheus scraping a demo traffic exporter,
 # the operator as several replicas running under its own ServiceAccount (real RBAC), two
-# tenants with Apps, and two canary rollouts you can watch: a good one that is promoted and
-# a bad one that is rolled back.
+# tenants with Apps, and three rollouts you can watch: a good canary that is promoted, a bad
+# one that is rolled back, and a blue-green release.
 #
-#   bash hack/demo.sh        start everything (idempotent), then run the two rollouts
+#   bash hack/demo.sh        start everything (idempotent), then run the three rollouts
 #   bash hack/demo.sh down   stop the operator, Prometheus, the exporter and the cluster
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -51,23 +51,25 @@ bash "$here/install-local.sh" "$CLUSTER" "$DEMO/operator.kubeconfig"
 stop_operators
 
 echo ">> demo traffic exporter on 127.0.0.1:$EXPORTER_PORT and Prometheus on 127.0.0.1:$PROM_PORT"
-traffic() { # traffic VERSION ERROR_RATIO: what checkout at VERSION serves from now on
-  python3 - "$DEMO/traffic.json" "$1" "$2" <<'PY'
+traffic() { # traffic APP VERSION ERROR_RATIO: what demo/APP at VERSION serves from now on
+  python3 - "$DEMO/traffic.json" "$1" "$2" "$3" <<'PY'
 import json, sys
-path, version, errors = sys.argv[1], sys.argv[2], float(sys.argv[3])
+path, app, version, errors = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 try:
     profiles = json.load(open(path))
 except (OSError, ValueError):
     profiles = {}
-profiles[f"demo/checkout/{version}"] = {"error_ratio": errors, "latency_seconds": 0.08}
+profiles[f"demo/{app}/{version}"] = {"error_ratio": errors, "latency_seconds": 0.08}
 json.dump(profiles, open(path + ".tmp", "w"))
 PY
   mv "$DEMO/traffic.json.tmp" "$DEMO/traffic.json"
 }
 rm -f "$DEMO/traffic.json"
-traffic 1.4.1 0.002
-traffic 1.4.2 0.004   # the good release
-traffic 1.5.0 0.30    # the bad release: 30% of its answers are errors
+traffic checkout 1.4.1 0.002
+traffic checkout 1.4.2 0.004   # the good release
+traffic checkout 1.5.0 0.30    # the bad release: 30% of its answers are errors
+traffic payments 1.0.0 0.001
+traffic payments 1.1.0 0.002   # a good blue-green release
 nohup python3 "$here/demo-exporter.py" --port "$EXPORTER_PORT" --traffic "$DEMO/traffic.json" \
   >"$DEMO/exporter.log" 2>&1 &
 echo $! >"$DEMO/exporter.pid"
@@ -115,16 +117,20 @@ kubectl wait --for=condition=Ready tenant/shop tenant/blog --timeout=120s >/dev/
 kubectl get tenants
 echo ">> their Apps"
 kubectl apply -f deploy/samples/app.yaml
-for app in demo/checkout demo/search blog/web; do
+for app in demo/checkout demo/payments demo/search blog/web; do
   kubectl -n "${app%/*}" wait --for=jsonpath='{.status.phase}'=Healthy "app/${app#*/}" --timeout=120s >/dev/null
 done
 kubectl get apps -A
 
-# Prints a line each time the rollout of checkout changes, until it ends in phase $1.
+CANARY_LINE='{.status.phase} {.status.currentVersion}->{.status.targetVersion} step={.status.canary.step} weight={.status.canary.weight}% canary={.status.canary.replicas} stable={.status.canary.stableReplicas} analysis={.status.analysis.lastResult} | {.status.conditions[?(@.type=="Progressing")].message}'
+BLUE_GREEN_LINE='{.status.phase} {.status.currentVersion}->{.status.targetVersion} stage={.status.blueGreen.stage} analysis={.status.analysis.lastResult} | {.status.conditions[?(@.type=="Progressing")].message}'
+
+# Prints a line each time the rollout of demo/$1 changes (fields: jsonpath $3), until it
+# ends in phase $2.
 follow() {
-  local want=$1 last="" line
+  local app=$1 want=$2 fields=$3 last="" line
   for _ in $(seq 1 600); do
-    line=$(kubectl -n demo get app checkout -o jsonpath='{.status.phase} {.status.currentVersion}->{.status.targetVersion} step={.status.canary.step} weight={.status.canary.weight}% canary={.status.canary.replicas} stable={.status.canary.stableReplicas} analysis={.status.analysis.lastResult} | {.status.conditions[?(@.type=="Progressing")].message}')
+    line=$(kubectl -n demo get app "$app" -o jsonpath="$fields")
     if [ "$line" != "$last" ]; then
       echo "   $(date +%T) $line"
       last=$line
@@ -132,18 +138,23 @@ follow() {
     case "$line" in "$want "*) return 0 ;; esac
     sleep 1
   done
-  echo "error: checkout did not reach $want; see $DEMO/operator-*.log" >&2
+  echo "error: $app did not reach $want; see $DEMO/operator-*.log" >&2
   return 1
 }
 
 echo
 echo ">> a good release: checkout 1.4.1 -> 1.4.2 by canary (25%, then 50%), gated by error rate and p99 latency"
 kubectl -n demo patch app checkout --type=merge -p '{"spec":{"version":"1.4.2"}}' >/dev/null
-follow Healthy
+follow checkout Healthy "$CANARY_LINE"
 echo
 echo ">> a bad release: checkout 1.4.2 -> 1.5.0, whose canary answers 30% errors"
 kubectl -n demo patch app checkout --type=merge -p '{"spec":{"version":"1.5.0"}}' >/dev/null
-follow RolledBack
+follow checkout RolledBack "$CANARY_LINE"
+echo
+echo ">> a blue-green release: payments 1.0.0 -> 1.1.0, previewed at full size behind payments-preview,"
+echo "   then the Service switches in one write; 1.0.0 stays 15s in case it must switch back"
+kubectl -n demo patch app payments --type=merge -p '{"spec":{"version":"1.1.0"}}' >/dev/null
+follow payments Healthy "$BLUE_GREEN_LINE"
 echo
 "$BIN" status checkout -n demo --kubeconfig "$KUBECONFIG"
 echo

@@ -35,6 +35,7 @@ async fn invalid_apps_are_refused_with_the_field_named() {
         spec
     };
     let long_name = "a".repeat(57);
+    let bg_name = "a".repeat(56);
     let cases: Vec<(&str, &str, Value, &str)> = vec![
         ("image with a tag", "tagged", with(json!({"image": "nginx:1.25"})), "spec.image"),
         (
@@ -172,6 +173,33 @@ async fn invalid_apps_are_refused_with_the_field_named() {
         // App web's canary Deployment is web-canary: an App of that name would collide.
         ("name of another App's canary", "web-canary", ok.clone(), "metadata.name"),
         ("name of another App's preview", "web-preview", ok.clone(), "metadata.name"),
+        // <name>-preview must stay a valid Service name (63).
+        (
+            "blue-green name of 56 characters",
+            &bg_name,
+            with(json!({"rollout": {"strategy": {"type": "BlueGreen"}}})),
+            "metadata.name",
+        ),
+        (
+            "blueGreen settings with a canary strategy",
+            "bgcanary",
+            with(
+                json!({"rollout": {"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10}]}, "blueGreen": {}}}}),
+            ),
+            "spec.rollout.strategy.blueGreen",
+        ),
+        (
+            "canary steps with a blue-green strategy",
+            "bgsteps",
+            with(json!({"rollout": {"strategy": {"type": "BlueGreen", "canary": {"steps": [{"weight": 10}]}}}})),
+            "spec.rollout.strategy.canary",
+        ),
+        (
+            "scaleDownDelay over an hour",
+            "bgdelay",
+            with(json!({"rollout": {"strategy": {"type": "BlueGreen", "blueGreen": {"scaleDownDelay": "2h"}}}})),
+            "spec.rollout.strategy.blueGreen.scaleDownDelay",
+        ),
     ];
     let mut failures = Vec::new();
     for (what, name, spec, field) in &cases {
@@ -194,7 +222,11 @@ async fn invalid_apps_are_refused_with_the_field_named() {
     );
 
     // And a valid one is accepted.
-    apps.create(&PostParams::default(), &app("fine", ok)).await.expect("a valid App is accepted");
+    apps.create(&PostParams::default(), &app("fine", ok.clone())).await.expect("a valid App is accepted");
+    let bg = with(json!({"rollout": {"strategy": {"type": "BlueGreen", "blueGreen": {"scaleDownDelay": "1h"}}}}));
+    apps.create(&PostParams::default(), &app(&"b".repeat(55), bg))
+        .await
+        .expect("a blue-green App of 55 characters is accepted");
 }
 
 /// The sample Apps in deploy/samples are valid (created in a test namespace, dry run).

@@ -144,3 +144,42 @@ async fn a_deployment_wearing_flotillas_labels_is_not_adopted() {
     assert_eq!(image.as_deref(), Some("registry.example.com/other/api:9"), "the foreign Deployment was changed");
     assert!(api.resource_version().is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_service_wearing_flotillas_labels_is_neither_deleted_nor_taken_over() {
+    let client = admin_client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "e2e-conflict-preview").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns.name);
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    // In the operator's cache (Flotilla's labels) and named like App web's preview Service,
+    // but controlled by nothing: a finished rollout's clean-up must not delete it.
+    let labels = json!({"app.kubernetes.io/name": "web", "app.kubernetes.io/managed-by": "flotilla"});
+    let preview: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web-preview", "labels": labels},
+        "spec": {"selector": {"team": "other"}, "ports": [{"name": "http", "port": 80, "targetPort": 9000}]},
+    }))
+    .expect("Service");
+    let preview = services.create(&PostParams::default(), &preview).await.expect("creating Service web-preview");
+    let _operator = Operator::start(&ns.name).await;
+    let mut web = app("web");
+    web.spec.rollout.strategy = Some(serde_json::from_value(json!({"type": "BlueGreen"})).expect("strategy"));
+    apps.create(&PostParams::default(), &web).await.expect("creating App web");
+    wait_for(Duration::from_secs(30), "App web Healthy", || async {
+        ready(&apps.get("web").await.ok()?).is_some_and(|(s, _, _)| s == "True").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = services.get_opt("web-preview").await.expect("reading").expect("the Service was deleted");
+    assert_eq!(now.resource_version(), preview.resource_version(), "the Service was written: {now:?}");
+
+    // A rollout wants its preview Service: the name is taken, so it says so and writes nothing.
+    apps.patch("web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": {"version": "2"}})))
+        .await
+        .expect("patching App web");
+    let message = wait_conflict(&apps, "web").await;
+    assert!(message.contains(&format!("Service {}/web-preview", ns.name)), "{message}");
+    let now = services.get("web-preview").await.expect("Service web-preview");
+    assert_eq!(now.resource_version(), preview.resource_version(), "the Service was written: {now:?}");
+    assert!(now.owner_references().is_empty(), "an ownerReference was added");
+}

@@ -374,7 +374,7 @@ impl Planner<'_> {
             if previous.rollout.is_some() {
                 let abandoned = previous.target_version.clone().unwrap_or_default();
                 let message = format!(
-                    "spec.version was set back to the stable version {stable_version}: the rollout of {abandoned} was abandoned and its canary removed at once"
+                    "spec.version was set back to the stable version {stable_version}: the rollout of {abandoned} was abandoned, and its canary is removed as soon as the stable Deployment is back to full size"
                 );
                 self.note(true, "Reverted", message.clone());
                 self.record(abandoned, RolloutResult::Reverted, Some(message));
@@ -513,7 +513,23 @@ impl Planner<'_> {
             self.look_again_in(Duration::from_secs(30));
             self.converging(version, r, self.input.observed.stable)
         };
-        (stable, None, outcome)
+        // A reverted rollout's canary serves until the stable Deployment is back, as after a
+        // rollback.
+        let kept = match self.status.history.first() {
+            Some(h) if h.result == RolloutResult::Reverted => {
+                let abandoned = h.version.clone();
+                self.canary_kept_for_capacity(version, &abandoned, RolloutResult::Reverted)
+            }
+            _ => None,
+        };
+        let mut outcome = outcome;
+        if let Some((_, r)) = &kept {
+            outcome.message.push_str(&format!(
+                "; the abandoned canary's pods serve until version {version} is back to {} available replicas",
+                r.want
+            ));
+        }
+        (stable, kept.map(|(canary, _)| canary), outcome)
     }
 
     fn converging(&self, version: &str, r: Readiness, d: Option<&Deployment>) -> Outcome {
@@ -545,7 +561,7 @@ impl Planner<'_> {
         }
         self.status.target_version = Some(stable_version.to_string());
         let stable = self.stable_kept(stable_version, fixed_replicas(self.app));
-        let kept = self.canary_kept_for_capacity(stable_version, failed);
+        let kept = self.canary_kept_for_capacity(stable_version, &failed.version, RolloutResult::RolledBack);
         let mut message = format!(
             "version {} was rolled back ({}); version {stable_version} runs. It is not tried again until the spec changes or a user retries",
             failed.version, failed.message
@@ -560,15 +576,16 @@ impl Planner<'_> {
         (stable, kept.map(|(canary, _)| canary), outcome)
     }
 
-    /// After a rollback, the canary Deployment as it is (nothing written to it) while the
-    /// stable one is not yet back to all its replicas, for at most the progress deadline
-    /// after the rollback: removing the canary's pods first would leave fewer pods serving
+    /// After a rollback (or a revert), the canary Deployment as it is (nothing written to it)
+    /// while the stable one is not yet back to all its replicas, for at most the progress
+    /// deadline after the rollback: removing the canary's pods first would leave fewer pods serving
     /// than the App asks for until the stable Deployment's new pods are ready. With the
     /// stable readiness it waits for.
     fn canary_kept_for_capacity(
         &mut self,
         stable_version: &str,
-        failed: &FailedVersion,
+        abandoned: &str,
+        ended: RolloutResult,
     ) -> Option<(Deployment, Readiness)> {
         let canary = self.input.observed.canary?;
         let r = readiness(self.input.observed.stable, stable_version, self.total);
@@ -577,13 +594,8 @@ impl Planner<'_> {
         if r.complete || replica_failure(self.input.observed.stable).is_some() {
             return None;
         }
-        let rolled_back_at = self
-            .status
-            .history
-            .iter()
-            .find(|h| h.result == RolloutResult::RolledBack && h.version == failed.version)?
-            .at
-            .clone();
+        let rolled_back_at =
+            self.status.history.iter().find(|h| h.result == ended && h.version == abandoned)?.at.clone();
         let waited = elapsed(&rolled_back_at, self.now);
         if waited >= self.settings.deadline {
             return None;

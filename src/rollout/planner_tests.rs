@@ -293,16 +293,24 @@ fn an_invalid_query_degrades_without_advancing() {
 }
 
 #[test]
-fn setting_the_stable_version_back_reverts_at_once() {
+fn setting_the_stable_version_back_reverts_at_once_and_keeps_capacity() {
     let app = canary_app(5, &[20, 50], true);
     let mut app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).plan(0));
     app.spec.version = "1".into();
     let plan = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).plan(2);
-    assert!(plan.canary.is_none());
     assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(5)));
     assert_eq!(reasons(&plan), ["Reverted"]);
     assert_eq!(plan.status.history[0].result, RolloutResult::Reverted);
     assert!(plan.status.rollout.is_none() && plan.status.canary.is_none());
+    // The canary's pod serves until the stable Deployment is back to 5, then goes.
+    assert_eq!(plan.canary.as_ref().map(image).as_deref(), Some("example.com/web:2"), "kept as it is");
+    let app = advance(&app, &plan);
+    let short = Run::new(&app).stable("1", 5, 4).canary("2", 1, 1).plan(4);
+    assert!(short.canary.is_some(), "still short of 5");
+    assert!(short.notes.is_empty(), "the revert is noted once");
+    assert!(Run::new(&app).stable("1", 5, 5).canary("2", 1, 1).plan(5).canary.is_none());
+    // Never longer than the progress deadline (60 s) after the revert.
+    assert!(Run::new(&app).stable("1", 5, 4).canary("2", 1, 1).plan(63).canary.is_none());
 }
 
 #[test]
