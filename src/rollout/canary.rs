@@ -1,0 +1,234 @@
+//! The Canary strategy: a second Deployment (`<app>-canary`) runs the new version on a
+//! growing share of the replicas, step by step, each step gated by its pause, the analysis and
+//! optionally a person; after the last step the stable Deployment moves to the new version
+//! while the canary still serves, then the canary goes.
+
+use super::*;
+
+impl Planner<'_> {
+    pub(super) fn canary(&mut self, stable_version: &str, promote_step: bool) -> Planned {
+        let steps = i32::try_from(self.settings.weights.len()).unwrap_or(i32::MAX);
+        let target = self.target.clone();
+        let user_paused = paused_by_user(self.app);
+        let mut c = self.status.canary.clone().unwrap_or_else(|| CanaryStatus {
+            step: 0,
+            steps,
+            weight: self.settings.weights.first().copied().unwrap_or(100),
+            replicas: 0,
+            stable_replicas: self.total,
+            step_started_at: Time(self.now),
+            available_since: None,
+            unavailable_since: None,
+        });
+        if c.step >= steps && c.step < c.steps {
+            // Steps were removed from the spec mid-rollout: stay at the (new) last step, gated.
+            c.step = steps - 1;
+        }
+        c.steps = steps;
+        if self.promoted_by_user() && c.step < steps {
+            c.step = steps;
+            c.step_started_at = Time(self.now);
+        } else if promote_step && c.step < steps {
+            c.step += 1;
+            c.step_started_at = Time(self.now);
+            let text = if c.step < steps { format!("step {}", c.step + 1) } else { "promotion".to_string() };
+            self.note(false, "StepPromotedByUser", format!("a user moved the canary of {target} on to {text}"));
+        }
+
+        if c.step >= steps {
+            return self.promote_canary(stable_version, c);
+        }
+
+        let index = usize::try_from(c.step).unwrap_or(0);
+        let weight = self.settings.weights[index];
+        let wanted = canary_replicas(weight, self.total);
+        let cr = readiness(self.input.observed.canary, &self.target, wanted);
+        let was_paused = self.app.status.as_ref().and_then(|s| s.phase) == Some(AppPhase::Paused);
+        if cr.complete {
+            c.available_since.get_or_insert(Time(self.now));
+            c.unavailable_since = None;
+        } else {
+            c.available_since = None;
+            let since = c.unavailable_since.get_or_insert(Time(self.now));
+            if was_paused && !user_paused {
+                // The deadline does not count the time a person held the rollout.
+                *since = Time(self.now);
+            }
+        }
+        let available_for = c.available_since.as_ref().map_or(Duration::ZERO, |t| elapsed(t, self.now));
+        let waited = c.unavailable_since.as_ref().map_or(Duration::ZERO, |t| elapsed(t, self.now));
+        let canary_name = names::canary_deployment_name(&self.input.id.name);
+
+        let stop = if user_paused || !cr.complete { self.held_analysis() } else { self.analyse(true) };
+        if let Some(AnalysisStop::Failed(why)) = &stop {
+            let message = format!("analysis failed at step {} ({weight}%): {why}", c.step + 1);
+            let held = match self.fail_or_hold(stable_version, "AnalysisFailed", message) {
+                ControlFlow::Break(rolled_back) => return rolled_back,
+                ControlFlow::Continue(held) => held,
+            };
+            return self.canary_objects(stable_version, c, wanted, cr, held);
+        }
+        if !cr.complete && !user_paused && waited > self.settings.deadline {
+            let message = format!(
+                "the canary Deployment {canary_name} did not become available within {}: {}/{} replicas ready",
+                secs(self.settings.deadline),
+                cr.ready.min(wanted),
+                wanted
+            );
+            let held = match self.fail_or_hold(stable_version, "ProgressDeadlineExceeded", message) {
+                ControlFlow::Break(rolled_back) => return rolled_back,
+                ControlFlow::Continue(held) => held,
+            };
+            return self.canary_objects(stable_version, c, wanted, cr, held);
+        }
+
+        let pause = self.settings.pauses[index];
+        let gated = self.settings.gates.get(index).copied().unwrap_or(false);
+        let analysed = self.passed_since(&c.step_started_at);
+        let step_done = cr.complete && stop.is_none() && !user_paused && available_for >= pause && analysed;
+        if step_done && !gated {
+            c.step += 1;
+            c.step_started_at = Time(self.now);
+            c.available_since = None;
+            c.unavailable_since = Some(Time(self.now));
+            if c.step >= steps {
+                self.note(
+                    false,
+                    "StepCompleted",
+                    format!("step {} of {steps} ({weight}%) passed: promoting {target}", c.step),
+                );
+                return self.promote_canary(stable_version, c);
+            }
+            let next = self.settings.weights[usize::try_from(c.step).unwrap_or(0)];
+            self.note(
+                false,
+                "StepCompleted",
+                format!("step {} of {steps} ({weight}%) passed: moving to step {} ({next}%)", c.step, c.step + 1),
+            );
+            let wanted = canary_replicas(next, self.total);
+            let cr = readiness(self.input.observed.canary, &self.target, wanted);
+            let outcome = self.step_outcome(&c, next, wanted, cr);
+            return self.canary_objects(stable_version, c, wanted, cr, outcome);
+        }
+        if cr.complete && available_for < pause && !user_paused {
+            self.look_again_in(pause - available_for);
+        }
+        if !cr.complete && !user_paused && waited < self.settings.deadline {
+            self.look_again_in(self.settings.deadline - waited);
+        }
+        let outcome = match stop {
+            Some(s) => s.outcome(&target),
+            None if user_paused => Outcome {
+                phase: AppPhase::Paused,
+                reason: "PausedByUser".into(),
+                message: format!(
+                    "the canary of {target} is paused at step {} of {steps} ({weight}%) ({ANNOTATION_PAUSED}=true)",
+                    c.step + 1
+                ),
+            },
+            // A gated step: `analyse` above keeps the runs going while it waits (and schedules
+            // the next one), so a failure still rolls back.
+            None if step_done => Outcome {
+                phase: AppPhase::Paused,
+                reason: "WaitingForPromote".into(),
+                message: format!(
+                    "Paused (waiting for promote): the canary of {target} passed step {} of {steps} ({weight}%) and waits for `flotilla promote`",
+                    c.step + 1
+                ),
+            },
+            None => self.step_outcome(&c, weight, wanted, cr),
+        };
+        self.canary_objects(stable_version, c, wanted, cr, outcome)
+    }
+
+    fn step_outcome(&self, c: &CanaryStatus, weight: i32, wanted: i32, cr: Readiness) -> Outcome {
+        let target = &self.target;
+        let step = format!("step {} of {} ({weight}%)", c.step + 1, c.steps);
+        let message = if cr.complete {
+            format!("canary {target} at {step}: {wanted} canary replicas available, analysing")
+        } else {
+            format!("canary {target} at {step}: {}/{wanted} canary replicas ready", cr.ready.min(wanted))
+        };
+        Outcome { phase: AppPhase::Progressing, reason: "CanaryStep".into(), message }
+    }
+
+    fn canary_objects(
+        &mut self,
+        stable_version: &str,
+        mut c: CanaryStatus,
+        wanted: i32,
+        cr: Readiness,
+        outcome: Outcome,
+    ) -> Planned {
+        let autoscaled = fixed_replicas(self.app).is_none();
+        let mut stable_count = stable_replicas(self.total, wanted, cr.available);
+        if let Some(before) = self.app.status.as_ref().and_then(|s| s.canary.as_ref())
+            && before.step == c.step
+            && self.app.status.as_ref().and_then(|s| s.replicas) == Some(self.total)
+        {
+            // Within a step and at the same total, the stable Deployment only shrinks: a
+            // canary status that lags our own scale-up must not make it grow and shrink again.
+            stable_count = stable_count.min(before.stable_replicas.max(1));
+        }
+        let stable = self.stable_kept(stable_version, (!autoscaled).then_some(stable_count));
+        let canary =
+            deployment(self.app, self.input.id, &self.shape(Track::Canary, &self.target.clone(), Some(wanted), false));
+        c.weight = self.settings.weights.get(usize::try_from(c.step).unwrap_or(0)).copied().unwrap_or(100);
+        c.replicas = wanted;
+        c.stable_replicas = if autoscaled { self.total } else { stable_count };
+        self.status.canary = Some(c);
+        (stable, Some(canary), outcome)
+    }
+
+    /// Last phase of a canary: the stable Deployment moves to the new version (the canary
+    /// keeps serving meanwhile), then the canary goes.
+    fn promote_canary(&mut self, stable_version: &str, mut c: CanaryStatus) -> Planned {
+        let target = self.target.clone();
+        let stable = self.stable_from_spec(&target, fixed_replicas(self.app), false);
+        let r = readiness(self.input.observed.stable, &self.target, self.total);
+        if r.complete && !paused_by_user(self.app) {
+            let outcome = self.promoted();
+            return (stable, None, outcome);
+        }
+        let waited = elapsed(&c.step_started_at, self.now);
+        let user_paused = paused_by_user(self.app);
+        let mut held = None;
+        if waited > self.settings.deadline && !user_paused {
+            let message = format!(
+                "the stable Deployment did not become available on version {target} within {}: {}/{} replicas ready",
+                secs(self.settings.deadline),
+                r.ready,
+                r.want
+            );
+            held = match self.fail_or_hold(stable_version, "ProgressDeadlineExceeded", message) {
+                ControlFlow::Break(rolled_back) => return rolled_back,
+                ControlFlow::Continue(outcome) => Some(outcome),
+            };
+        } else if !user_paused {
+            self.look_again_in(self.settings.deadline - waited.min(self.settings.deadline));
+        }
+        let keep = c.replicas.max(1);
+        let canary = deployment(self.app, self.input.id, &self.shape(Track::Canary, &target, Some(keep), false));
+        c.weight = 100;
+        c.replicas = keep;
+        c.stable_replicas = self.total;
+        self.status.canary = Some(c);
+        let outcome = match held {
+            Some(outcome) => outcome,
+            None if user_paused => Outcome {
+                phase: AppPhase::Paused,
+                reason: "PausedByUser".into(),
+                message: format!("the promotion of {target} is paused ({ANNOTATION_PAUSED}=true)"),
+            },
+            None => Outcome {
+                phase: AppPhase::Progressing,
+                reason: "Promoting".into(),
+                message: format!(
+                    "promoting {target}: the stable Deployment rolls to it, {}/{} replicas ready",
+                    r.ready, r.want
+                ),
+            },
+        };
+        (stable, Some(canary), outcome)
+    }
+}
