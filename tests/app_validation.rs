@@ -195,6 +195,12 @@ async fn invalid_apps_are_refused_with_the_field_named() {
             "spec.rollout.strategy.canary",
         ),
         (
+            "scaleDownDelay without a unit",
+            "bgunit",
+            with(json!({"rollout": {"strategy": {"type": "BlueGreen", "blueGreen": {"scaleDownDelay": "30"}}}})),
+            "spec.rollout.strategy.blueGreen.scaleDownDelay",
+        ),
+        (
             "scaleDownDelay over an hour",
             "bgdelay",
             with(json!({"rollout": {"strategy": {"type": "BlueGreen", "blueGreen": {"scaleDownDelay": "2h"}}}})),

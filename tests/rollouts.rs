@@ -687,9 +687,14 @@ async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_c
     let mut lowest = i32::MAX;
     let started = Instant::now();
     loop {
+        // The Deployments between two reads of the selector: a sample taken while the
+        // Service changed is not judged.
         let track = selected_track(&rig, "web").await.expect("the App's Service");
         let stable = rig.deployment("web").await;
         let preview = rig.deployment("web-canary").await;
+        if selected_track(&rig, "web").await != Ok(track.clone()) {
+            continue;
+        }
         let behind = match track.as_deref() {
             Some("canary") => available(&preview),
             _ => available(&stable),
@@ -763,7 +768,11 @@ async fn a_blue_green_rollout_switches_back_when_a_check_fails_after_the_switch(
         assert!(started.elapsed() < Duration::from_secs(60), "not switched back in 60 s: {s:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(selected_track(&rig, "web").await, Ok(Some("stable".into())), "switched back to the old pods");
+    // The rollback is written first, the Service follows in the same reconcile.
+    support::wait_for(Duration::from_secs(10), "the Service switched back to the old pods", || async {
+        (selected_track(&rig, "web").await == Ok(Some("stable".into()))).then_some(())
+    })
+    .await;
     let app = rig.app("web").await;
     let failed = app.status.clone().and_then(|s| s.failed_version).expect("failed version");
     assert_eq!(failed.reason, "AnalysisFailed");

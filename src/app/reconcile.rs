@@ -276,14 +276,14 @@ async fn reconcile_app(
     }
     if failure.is_none() {
         let active = desired_service(&app, &id, plan.active);
-        if let Err(e) = reconcile_service(&app, &id, ctx, active, spec_changed, &mut changes).await {
+        if let Err(e) = reconcile_service(&app, &id, ctx, active, planned, &mut changes).await {
             failure = Some(e);
         }
     }
     if failure.is_none() {
         let result = if plan.preview {
             let preview = desired_preview_service(&app, &id);
-            reconcile_service(&app, &id, ctx, preview, spec_changed, &mut changes).await
+            reconcile_service(&app, &id, ctx, preview, planned, &mut changes).await
         } else {
             remove_preview_service(&id, ctx).await
         };
@@ -393,7 +393,9 @@ async fn reconcile_app(
         return Err(err);
     }
     Ok(match (status.phase, plan.recheck) {
-        (Some(AppPhase::Healthy), _) => Action::await_change(),
+        // Healthy with a recheck: a blue-green preview draining after the switch.
+        (Some(AppPhase::Healthy), Some(after)) => Action::requeue(after.min(PROGRESS_RECHECK)),
+        (Some(AppPhase::Healthy), None) => Action::await_change(),
         (_, Some(after)) => Action::requeue(after.min(PROGRESS_RECHECK)),
         _ => Action::requeue(PROGRESS_RECHECK),
     })
@@ -440,6 +442,7 @@ fn rollout_moved(before: &crate::api::AppStatus, after: &crate::api::AppStatus) 
         || before.current_version != after.current_version
         || before.rollout != after.rollout
         || before.canary != after.canary
+        || before.blue_green != after.blue_green
         || before.failed_version != after.failed_version
 }
 
@@ -501,7 +504,7 @@ async fn reconcile_service(
     id: &AppIdentity,
     ctx: &Context,
     wanted: Service,
-    spec_changed: bool,
+    planned: bool,
     changes: &mut Changes,
 ) -> Result<(), ReconcileError> {
     let namespace = &id.namespace;
@@ -536,7 +539,7 @@ async fn reconcile_service(
     }
     let applied = apply(&api, &name, &wanted, observed.as_ref(), "Service").await?;
     ctx.remember_applied_service(namespace, &name, applied.metadata.resource_version);
-    ctx.note_change(changes, &app.object_ref(&()), "Service", &name, observed.is_some(), spec_changed, &diffs);
+    ctx.note_change(changes, &app.object_ref(&()), "Service", &name, observed.is_some(), planned, &diffs);
     Ok(())
 }
 

@@ -15,6 +15,9 @@
 use super::*;
 use crate::api::{BlueGreenStage, BlueGreenStatus};
 
+/// How long the preview pods stay after the App's Service stopped selecting them.
+pub(super) const PREVIEW_DRAIN: Duration = Duration::from_secs(10);
+
 impl Planner<'_> {
     pub(super) fn blue_green(&mut self, stable_version: &str, promote: bool) -> Planned {
         let total = self.total;
@@ -24,7 +27,11 @@ impl Planner<'_> {
             replicas: total,
             unavailable_since: None,
         });
-        bg.replicas = total;
+        // The size of each copy. With an autoscaler it never shrinks during the rollout: the
+        // HPA scales the stable Deployment, whose pods take no traffic after the switch, and
+        // the preview must not follow it down while it serves everything (nor the old version
+        // be found short if it must take everything back).
+        bg.replicas = if fixed_replicas(self.app).is_some() { total } else { bg.replicas.max(total) };
         match bg.stage {
             BlueGreenStage::Preview => self.preview(stable_version, bg, promote),
             BlueGreenStage::Switched => self.switched(stable_version, bg, promote),
@@ -56,7 +63,7 @@ impl Planner<'_> {
 
     fn preview(&mut self, stable_version: &str, mut bg: BlueGreenStatus, promote: bool) -> Planned {
         let target = self.target.clone();
-        let total = self.total;
+        let total = bg.replicas;
         let user_paused = paused_by_user(self.app);
         let preview_name = names::preview_service_name(&self.input.id.name);
         let cr = readiness(self.input.observed.canary, &target, total);
@@ -182,10 +189,30 @@ impl Planner<'_> {
     /// the new one, and a failure switches back at once.
     fn switched(&mut self, stable_version: &str, mut bg: BlueGreenStatus, promote: bool) -> Planned {
         let target = self.target.clone();
-        let total = self.total;
+        let total = bg.replicas;
         let user_paused = paused_by_user(self.app);
         let cr = readiness(self.input.observed.canary, &target, total);
+        let was_complete = bg.unavailable_since.is_none();
         let waited = self.preview_unavailable_for(&mut bg, cr.complete);
+        let service = names::service_name(&self.input.id.name);
+        // The new version lost pods after the switch: the old one, still all there, serves
+        // again at once, and the new one again once it is back (the deadline counts meanwhile).
+        if was_complete && !cr.complete {
+            self.note(
+                true,
+                "SwitchedBack",
+                format!(
+                    "version {target} has {}/{total} replicas available after the switch: the Service {service} selects {stable_version} again until it is back",
+                    cr.available
+                ),
+            );
+        } else if !was_complete && cr.complete {
+            self.note(
+                false,
+                "Switched",
+                format!("version {target} is available again: the Service {service} selects it again"),
+            );
+        }
         let stop = if user_paused { self.held_analysis() } else { self.analyse(true) };
         if let Some(AnalysisStop::Failed(why)) = &stop {
             let message = format!(
@@ -211,7 +238,7 @@ impl Planner<'_> {
         let served = elapsed(&bg.since, self.now);
         let checked = stop.is_none() && self.passed_since(&bg.since);
         let by_user = promote || self.promoted_by_user();
-        if !user_paused && (by_user || (served >= delay && checked && cr.complete)) {
+        if !user_paused && cr.complete && (by_user || (served >= delay && checked)) {
             self.note(
                 false,
                 "ScalingDown",
@@ -237,9 +264,24 @@ impl Planner<'_> {
                     "the blue-green rollout of {target} is paused after the switch; {stable_version} is kept ({ANNOTATION_PAUSED}=true)"
                 ),
             },
+            None if !cr.complete => Outcome {
+                phase: AppPhase::Progressing,
+                reason: "SwitchedBack".into(),
+                message: format!(
+                    "version {target} has {}/{total} replicas available after the switch: the Service selects {stable_version} until it is back",
+                    cr.available
+                ),
+            },
             None => self.switched_outcome(stable_version, delay.saturating_sub(served)),
         };
-        self.blue_green_objects(stable_version, bg, outcome)
+        if !cr.complete && !user_paused && waited < self.settings.deadline {
+            self.look_again_in(self.settings.deadline - waited);
+        }
+        let planned = self.blue_green_objects(stable_version, bg, outcome);
+        if !cr.complete {
+            self.active = Some(Track::Stable);
+        }
+        planned
     }
 
     /// Last stage: the stable Deployment moves to the new version while the Service selects
@@ -251,7 +293,12 @@ impl Planner<'_> {
         let user_paused = paused_by_user(self.app);
         if r.complete && !user_paused {
             let outcome = self.promoted();
-            return (stable, None, outcome);
+            // The Service moves to the stable Deployment in this plan; the preview's pods,
+            // which took all the traffic, stay a few seconds more (`preview_draining`).
+            self.active = Some(Track::Stable);
+            self.preview = false;
+            let draining = self.preview_draining();
+            return (stable, draining, outcome);
         }
         let waited = elapsed(&bg.since, self.now);
         let mut held = None;
@@ -277,23 +324,44 @@ impl Planner<'_> {
                 r.ready, r.want
             ),
         });
-        let canary = self.preview_deployment();
-        self.active = Some(Track::Canary);
+        let canary = self.preview_deployment(bg.replicas);
+        // The preview pods serve while the stable Deployment rolls; should they be short,
+        // both tracks do (both run or move to the new version) rather than too few pods.
+        let complete = readiness(self.input.observed.canary, &target, bg.replicas).complete;
+        self.active = complete.then_some(Track::Canary);
         self.preview = true;
         self.status.blue_green = Some(bg);
         (stable, Some(canary), outcome)
     }
 
-    fn preview_deployment(&self) -> Deployment {
-        let shape = self.shape(Track::Canary, &self.target.clone(), Some(self.total), false);
+    fn preview_deployment(&self, replicas: i32) -> Deployment {
+        let shape = self.shape(Track::Canary, &self.target.clone(), Some(replicas), false);
         deployment(self.app, self.input.id, &shape)
+    }
+
+    /// After a blue-green App's Service moved off the preview pods (a promotion, a switch
+    /// back, a revert), the preview Deployment as it is for `PREVIEW_DRAIN` after the rollout
+    /// ended, so that proxies and clients still holding its endpoints finish with them
+    /// instead of meeting terminating pods.
+    pub(super) fn preview_draining(&mut self) -> Option<Deployment> {
+        self.settings.blue_green.as_ref()?;
+        let canary = self.input.observed.canary?;
+        let last = self.status.history.first()?;
+        let ended =
+            matches!(last.result, RolloutResult::Promoted | RolloutResult::RolledBack | RolloutResult::Reverted);
+        let waited = elapsed(&last.at, self.now);
+        if !ended || waited >= PREVIEW_DRAIN {
+            return None;
+        }
+        self.look_again_in(PREVIEW_DRAIN - waited);
+        Some(canary.clone())
     }
 
     /// The objects of the Preview and Switched stages: the stable Deployment untouched at full
     /// size, the new version at full size beside it, and the Service on the stage's track.
     fn blue_green_objects(&mut self, stable_version: &str, bg: BlueGreenStatus, outcome: Outcome) -> Planned {
         let stable = self.stable_kept(stable_version, fixed_replicas(self.app));
-        let canary = self.preview_deployment();
+        let canary = self.preview_deployment(bg.replicas);
         self.active = Some(match bg.stage {
             BlueGreenStage::Preview => Track::Stable,
             BlueGreenStage::Switched | BlueGreenStage::Promoting => Track::Canary,

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::api::{BlueGreenStage, BlueGreenStrategy};
+use crate::rollout::planner::bluegreen::PREVIEW_DRAIN;
 use k8s_openapi::api::apps::v1::DeploymentCondition;
 
 fn blue_green_app(replicas: i32, analysis: bool, auto_promotion: bool) -> App {
@@ -70,14 +71,22 @@ fn a_blue_green_rollout_previews_switches_keeps_the_old_version_then_promotes() 
     assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:2".into(), Some(4)));
     assert_eq!((plan.active, plan.canary.is_some()), (Some(Track::Canary), true));
 
-    // The stable Deployment is available on it: the Service selects it, the preview goes.
+    // The stable Deployment is available on it: the Service selects it; the preview pods,
+    // which took all the traffic, drain for 10 s and then go.
     let app = advance(&app, &plan);
     let plan = Run::new(&app).stable("2", 4, 4).canary("2", 4, 4).plan(40);
     assert_eq!(reasons(&plan), ["Promoted"]);
-    assert_eq!((plan.active, plan.preview, plan.canary.is_none()), (Some(Track::Stable), false, true));
+    assert_eq!((plan.active, plan.preview, plan.canary.is_some()), (Some(Track::Stable), false, true));
+    assert_eq!(plan.recheck, Some(PREVIEW_DRAIN));
     assert_eq!(plan.status.current_version.as_deref(), Some("2"));
     assert_eq!(plan.status.phase, Some(AppPhase::Healthy));
+    assert_eq!(plan.status.ready.as_deref(), Some("4/4"), "the pods the Service serves from");
     assert!(plan.status.blue_green.is_none());
+    let app = advance(&app, &plan);
+    let draining = Run::new(&app).stable("2", 4, 4).canary("2", 4, 4).plan(45);
+    assert!(draining.canary.is_some() && draining.notes.is_empty());
+    let done = Run::new(&app).stable("2", 4, 4).canary("2", 4, 4).plan(50);
+    assert_eq!((done.active, done.canary.is_none()), (Some(Track::Stable), true));
 }
 
 #[test]
@@ -95,7 +104,9 @@ fn a_failed_check_after_the_switch_switches_back_at_once() {
     let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(fail()).plan(23);
     assert_eq!(reasons(&plan), ["AnalysisFailed", "RolledBack"]);
     assert_eq!((plan.active, plan.preview), (Some(Track::Stable), false), "switched back in the same plan");
-    assert!(plan.canary.is_none(), "the old version never left: the new one goes at once");
+    assert!(plan.canary.is_some(), "the old version never left: the new one only drains");
+    let gone = Run::new(&advance(&app, &plan)).stable("1", 4, 4).canary("2", 4, 4).plan(33);
+    assert!(gone.canary.is_none(), "gone once drained");
     assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(4)));
     assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
     let failed = plan.status.failed_version.as_ref().expect("failed");
@@ -157,7 +168,7 @@ fn a_preview_that_cannot_be_created_names_why_and_is_rolled_back_at_the_deadline
     let app = advance(&app, &plan);
     let late = Run { app: &app, ..run }.plan(70);
     assert_eq!(late.status.phase, Some(AppPhase::RolledBack));
-    assert!(late.canary.is_none());
+    assert_eq!(late.active, Some(Track::Stable));
     let failed = late.status.failed_version.as_ref().expect("failed");
     assert!(failed.message.contains("exceeded quota"), "{}", failed.message);
 }
@@ -185,5 +196,60 @@ fn setting_the_version_back_after_the_switch_selects_the_stable_pods_again() {
     app.spec.version = "1".into();
     let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).plan(5);
     assert_eq!(reasons(&plan), ["Reverted"]);
-    assert_eq!((plan.active, plan.preview, plan.canary.is_none()), (Some(Track::Stable), false, true));
+    assert_eq!((plan.active, plan.preview), (Some(Track::Stable), false));
+    let app = advance(&app, &plan);
+    assert!(Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).plan(15).canary.is_none(), "drained, then gone");
+}
+
+#[test]
+fn pods_lost_after_the_switch_send_the_traffic_back_to_the_old_version_until_they_return() {
+    let app = blue_green_app(4, false, true);
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).plan(3));
+    let short = Run::new(&app).stable("1", 4, 4).canary("2", 4, 2).plan(5);
+    assert_eq!(reasons(&short), ["SwitchedBack"]);
+    assert_eq!((short.active, stage(&short)), (Some(Track::Stable), Some(BlueGreenStage::Switched)));
+    let app = advance(&app, &short);
+    // Still short: no second Event, and no promotion however long the delay has run.
+    let still = Run::new(&app).stable("1", 4, 4).canary("2", 4, 2).plan(40);
+    assert!(still.notes.is_empty());
+    assert_eq!((still.active, stage(&still)), (Some(Track::Stable), Some(BlueGreenStage::Switched)));
+    let back = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).plan(41);
+    assert_eq!(back.active, Some(Track::Canary));
+    assert!(reasons(&back).contains(&"Switched"), "{:?}", reasons(&back));
+    // Short for longer than the progress deadline (60 s): rolled back.
+    let late = Run::new(&app).stable("1", 4, 4).canary("2", 4, 2).plan(70);
+    assert_eq!((late.status.phase, late.active), (Some(AppPhase::RolledBack), Some(Track::Stable)));
+}
+
+#[test]
+fn an_autoscaled_preview_never_follows_the_idle_stable_deployment_down() {
+    let mut app = blue_green_app(1, false, true);
+    app.spec.replicas = None;
+    app.spec.autoscaling =
+        Some(crate::api::Autoscaling { min_replicas: 2, max_replicas: 10, target_cpu_utilization_percentage: None });
+    let app = advance(&app, &Run::new(&app).stable("1", 6, 6).plan(0));
+    let plan = Run::new(&app).stable("1", 6, 6).canary("2", 6, 6).plan(3);
+    assert_eq!(stage(&plan), Some(BlueGreenStage::Switched));
+    // After the switch the HPA scales the idle stable Deployment down to its minimum.
+    let app = advance(&app, &plan);
+    let plan = Run::new(&app).stable("1", 2, 2).canary("2", 6, 6).plan(13);
+    assert_eq!(replicas(plan.canary.as_ref().expect("preview")), Some(6), "the serving copy keeps its size");
+    assert_eq!(plan.active, Some(Track::Canary));
+}
+
+#[test]
+fn a_rollback_while_the_stable_deployment_rolls_serves_from_both_tracks() {
+    let app = blue_green_app(4, false, true);
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).plan(3));
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).plan(34);
+    assert_eq!(stage(&plan), Some(BlueGreenStage::Promoting));
+    // A person aborts while the stable Deployment is half way to version 2.
+    let abort = with_annotation(&advance(&app, &plan), ANNOTATION_ACTION, "abort 1");
+    let plan = Run::new(&abort).stable("2", 4, 2).canary("2", 4, 4).plan(36);
+    assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
+    assert_eq!(image(&plan.stable), "example.com/web:1");
+    assert!(plan.canary.is_some(), "kept for capacity");
+    assert_eq!(plan.active, None, "the kept pods are selected while the stable Deployment is short");
 }

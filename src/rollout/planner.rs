@@ -528,8 +528,11 @@ impl Planner<'_> {
                 "; the abandoned canary's pods serve until version {version} is back to {} available replicas",
                 r.want
             ));
+            // Both tracks serve (a blue-green App's Service too) while the canary is kept.
+            self.active = None;
         }
-        (stable, kept.map(|(canary, _)| canary), outcome)
+        let canary = kept.map(|(canary, _)| canary).or_else(|| self.preview_draining());
+        (stable, canary, outcome)
     }
 
     fn converging(&self, version: &str, r: Readiness, d: Option<&Deployment>) -> Outcome {
@@ -573,7 +576,12 @@ impl Planner<'_> {
             ));
         }
         let outcome = Outcome { phase: AppPhase::RolledBack, reason: failed.reason.clone(), message };
-        (stable, kept.map(|(canary, _)| canary), outcome)
+        if kept.is_some() {
+            // Both tracks serve (a blue-green App's Service too) while the canary is kept.
+            self.active = None;
+        }
+        let canary = kept.map(|(canary, _)| canary).or_else(|| self.preview_draining());
+        (stable, canary, outcome)
     }
 
     /// After a rollback (or a revert), the canary Deployment as it is (nothing written to it)
@@ -753,7 +761,12 @@ impl Planner<'_> {
         let observed_generation = app.metadata.generation;
         let stable_ready = ready_replicas(self.input.observed.stable);
         let canary_ready = ready_replicas(self.input.observed.canary);
-        let ready = if canary.is_some() { stable_ready + canary_ready } else { stable_ready };
+        // The pods the App's Service serves from.
+        let ready = match (self.active, canary.is_some()) {
+            (Some(Track::Stable), _) | (None, false) => stable_ready,
+            (Some(Track::Canary), _) => canary_ready,
+            (None, true) => stable_ready + canary_ready,
+        };
         let s = &mut self.status;
         s.observed_generation = observed_generation;
         s.ready_replicas = Some(ready);
@@ -773,7 +786,7 @@ impl Planner<'_> {
         ];
         let previous = app.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
         s.conditions = merge_conditions(&previous, &conditions, observed_generation, self.now);
-        if healthy {
+        if healthy && canary.is_none() {
             self.recheck = None;
         }
         Plan {
