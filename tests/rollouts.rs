@@ -707,8 +707,10 @@ async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_c
             && preview.is_some()
             && image_of(stable.as_ref().expect("stable")).ends_with(":1")
         {
-            // Before the switch the new version runs at full size behind the preview Service.
-            if selected_track(&rig, "web-preview").await == Ok(Some("canary".into())) && available(&preview) == 3 {
+            // Before the switch the new version runs at full size behind the preview Service
+            // (its availability is judged by `lowest` once the Service selects it).
+            let size = preview.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
+            if selected_track(&rig, "web-preview").await == Ok(Some("canary".into())) && size == Some(3) {
                 saw_preview = true;
             }
         }
