@@ -27,10 +27,11 @@ impl Planner<'_> {
             replicas: total,
             unavailable_since: None,
         });
-        // The size of each copy. With an autoscaler it never shrinks during the rollout: the
+        // The size of the preview. With an autoscaler it never shrinks during the rollout: the
         // HPA scales the stable Deployment, whose pods take no traffic after the switch, and
-        // the preview must not follow it down while it serves everything (nor the old version
-        // be found short if it must take everything back).
+        // the preview must not follow it down while it serves everything. (The old version
+        // stays the HPA's: a switch back finds it at the size the HPA left it, which then
+        // scales it up under the load.)
         bg.replicas = if fixed_replicas(self.app).is_some() { total } else { bg.replicas.max(total) };
         match bg.stage {
             BlueGreenStage::Preview => self.preview(stable_version, bg, promote),
@@ -277,11 +278,7 @@ impl Planner<'_> {
         if !cr.complete && !user_paused && waited < self.settings.deadline {
             self.look_again_in(self.settings.deadline - waited);
         }
-        let planned = self.blue_green_objects(stable_version, bg, outcome);
-        if !cr.complete {
-            self.active = Some(Track::Stable);
-        }
-        planned
+        self.blue_green_objects(stable_version, bg, outcome)
     }
 
     /// Last stage: the stable Deployment moves to the new version while the Service selects
@@ -358,13 +355,15 @@ impl Planner<'_> {
     }
 
     /// The objects of the Preview and Switched stages: the stable Deployment untouched at full
-    /// size, the new version at full size beside it, and the Service on the stage's track.
+    /// size, the new version at full size beside it, and the Service on the stage's track:
+    /// after the switch, the new version's while all its pods are available, else the old one's.
     fn blue_green_objects(&mut self, stable_version: &str, bg: BlueGreenStatus, outcome: Outcome) -> Planned {
         let stable = self.stable_kept(stable_version, fixed_replicas(self.app));
         let canary = self.preview_deployment(bg.replicas);
+        let serving = readiness(self.input.observed.canary, &self.target, bg.replicas).complete;
         self.active = Some(match bg.stage {
-            BlueGreenStage::Preview => Track::Stable,
-            BlueGreenStage::Switched | BlueGreenStage::Promoting => Track::Canary,
+            BlueGreenStage::Switched | BlueGreenStage::Promoting if serving => Track::Canary,
+            _ => Track::Stable,
         });
         self.preview = true;
         self.status.blue_green = Some(bg);
