@@ -85,6 +85,23 @@ fn main() -> ExitCode {
         Command::Retry(target) => control(target, Request::Action(Verb::Retry)),
         Command::Pause(target) => control(target, Request::Pause),
         Command::Resume(target) => control(target, Request::Resume),
+        Command::Undo(args) => {
+            let kubeconfig = args.target.kubeconfig.clone();
+            with_client(kubeconfig.as_deref(), |client| async move {
+                let namespace = namespace_of(&args.target, &client);
+                let to = args.to_revision.as_deref();
+                match flotilla::cli::undo::undo(client, &namespace, &args.target.app, to).await {
+                    Ok(line) => {
+                        println!("{line}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            })
+        }
         Command::Status(args) => {
             let kubeconfig = args.target.kubeconfig.clone();
             with_client(kubeconfig.as_deref(), |client| async move {

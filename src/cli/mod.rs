@@ -5,6 +5,7 @@ pub mod migrate;
 pub mod observe;
 pub mod shards;
 pub mod status;
+pub mod undo;
 
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
@@ -40,6 +41,20 @@ pub enum Command {
     Pause(AppTarget),
     /// Let a paused rollout go on.
     Resume(AppTarget),
+    /// Go back to a version that was healthy: a rollout under way is abandoned at once;
+    /// otherwise the version before the current one (or --to-revision) rolls out again
+    /// through the App's strategy and analysis.
+    Undo(UndoArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct UndoArgs {
+    #[command(flatten)]
+    pub target: AppTarget,
+    /// A version (or revision) that status.history lists as Promoted; default: the one before
+    /// the current version.
+    #[arg(long)]
+    pub to_revision: Option<String>,
 }
 
 /// The App a rollout command acts on.
