@@ -724,6 +724,14 @@ async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_c
         assert!(started.elapsed() < Duration::from_secs(120), "not promoted in 120 s: {s:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The promotion is written first; the Service follows in the same reconcile.
+    support::wait_for(Duration::from_secs(10), "the Service back on the stable Deployment", || async {
+        (selected_track(&rig, "web").await == Ok(Some("stable".into()))).then_some(())
+    })
+    .await;
+    if tracks.last() != Some(&Some("stable".to_string())) {
+        tracks.push(Some("stable".to_string()));
+    }
     assert!(saw_preview, "the new version ran at full size behind web-preview before the switch");
     assert_eq!(
         tracks,

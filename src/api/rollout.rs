@@ -291,4 +291,7 @@ pub struct RolloutRecord {
     pub at: Time,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The stable version this one replaced (Promoted only): what `flotilla undo` goes back to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced: Option<String>,
 }

@@ -79,6 +79,7 @@ mod tests {
                 result: RolloutResult::Superseded,
                 at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
                 message: None,
+                replaced: None,
             }],
             ..AppStatus::default()
         };

@@ -70,8 +70,16 @@ pub fn plan_undo(app: &App, wanted: Option<&str>) -> Result<Undo, UndoError> {
     // A rollout under way, or a version that was rolled back: the spec asks for something
     // else than what runs.
     let in_flight = status.rollout.is_some() || app.spec.version != version_of(&current);
-    let promoted: Vec<&str> =
-        status.history.iter().filter(|h| h.result == RolloutResult::Promoted).map(|h| h.version.as_str()).collect();
+    // Versions that were healthy, newest first: each promoted one, and the stable version it
+    // replaced (a first deployment is no rollout, so only its successor's record names it).
+    let mut promoted: Vec<&str> = Vec::new();
+    for h in status.history.iter().filter(|h| h.result == RolloutResult::Promoted) {
+        for v in std::iter::once(h.version.as_str()).chain(h.replaced.as_deref()) {
+            if !promoted.contains(&v) {
+                promoted.push(v);
+            }
+        }
+    }
     let chosen = match wanted {
         // Undo the rollout under way: back to the stable version.
         None if in_flight => current.clone(),
@@ -146,7 +154,13 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     fn record(version: &str, result: RolloutResult) -> RolloutRecord {
-        RolloutRecord { version: version.into(), result, at: Time(Timestamp::UNIX_EPOCH), message: None }
+        RolloutRecord {
+            version: version.into(),
+            result,
+            at: Time(Timestamp::UNIX_EPOCH),
+            message: None,
+            replaced: None,
+        }
     }
 
     fn app(spec_version: &str, current: &str, history: Vec<RolloutRecord>, in_flight: bool) -> App {
@@ -189,6 +203,15 @@ mod tests {
         assert_eq!(plan_undo(&a, Some("1")).map(|u| u.revision), Ok("1".to_string()));
         let err = plan_undo(&a, Some("3")).expect_err("3 was rolled back");
         assert!(err.to_string().contains("lists: 2, 1"), "{err}");
+    }
+
+    #[test]
+    fn the_version_a_promotion_replaced_is_one_to_go_back_to() {
+        // 1 was a first deployment: only the record of 2 names it.
+        let mut promoted = record("2", RolloutResult::Promoted);
+        promoted.replaced = Some("1".into());
+        let a = app("2", "2", vec![promoted], false);
+        assert_eq!(plan_undo(&a, None).map(|u| (u.revision, u.at_once)), Ok(("1".to_string(), false)));
     }
 
     #[test]

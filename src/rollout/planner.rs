@@ -298,7 +298,7 @@ impl Planner<'_> {
     }
 
     fn record(&mut self, version: String, result: RolloutResult, message: Option<String>) {
-        self.status.history.insert(0, RolloutRecord { version, result, at: Time(self.now), message });
+        self.status.history.insert(0, RolloutRecord { version, result, at: Time(self.now), message, replaced: None });
         self.status.history.truncate(self.settings.history_limit);
     }
 
@@ -739,6 +739,11 @@ impl Planner<'_> {
         let message = format!("version {target} replaced {from} and is available with {} replicas", self.total);
         self.note(false, "Promoted", message.clone());
         self.record(target.clone(), RolloutResult::Promoted, Some(message.clone()));
+        if let Some(record) = self.status.history.first_mut()
+            && !from.is_empty()
+        {
+            record.replaced = Some(from.clone());
+        }
         self.set_stable(&target);
         self.status.rollout = None;
         self.status.canary = None;
