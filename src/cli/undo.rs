@@ -14,7 +14,7 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::api::template::{revision, version_of};
+use crate::api::template::version_of;
 use crate::api::{App, RolloutResult};
 
 /// Field manager recorded in the App's managedFields for `spec.version`.
@@ -33,12 +33,14 @@ pub enum UndoError {
     #[error("revision {wanted} was never promoted on App {namespace}/{name}; status.history lists: {known}")]
     UnknownRevision { namespace: String, name: String, wanted: String, known: String },
     #[error(
-        "revision {wanted} ran another pod template than spec.template has now; `flotilla undo` only changes spec.version: set spec.template back yourself (the stable one is in status.stableTemplate)"
+        "the rollout under way changes the pod template (or a ConfigMap it reads), not spec.version: `flotilla undo` only sets spec.version; `flotilla abort` rolls it back"
     )]
-    OtherTemplate { wanted: String },
+    NotAVersionChange,
+    #[error("spec.version is {version} already: nothing to undo (`flotilla undo` only sets spec.version)")]
+    SameVersion { version: String },
     #[error("App {namespace}/{name} not found")]
     NotFound { namespace: String, name: String },
-    #[error("App {namespace}/{name} changed while undo read it; run it again")]
+    #[error("the spec of App {namespace}/{name} changed while undo read it; look at it and run undo again")]
     Changed { namespace: String, name: String },
     #[error("you lack the rights to patch Apps in namespace {namespace} (the apiserver said: {message})")]
     Forbidden { namespace: String, message: String },
@@ -83,7 +85,7 @@ pub fn plan_undo(app: &App, wanted: Option<&str>) -> Result<Undo, UndoError> {
     let chosen = match wanted {
         // Undo the rollout under way: back to the stable version.
         None if in_flight => current.clone(),
-        None => match promoted.iter().find(|v| **v != current) {
+        None => match promoted.iter().find(|v| version_of(v) != version_of(&current)) {
             Some(v) => (*v).to_string(),
             None => return Err(UndoError::NothingEarlier { namespace, name, current }),
         },
@@ -106,9 +108,15 @@ pub fn plan_undo(app: &App, wanted: Option<&str>) -> Result<Undo, UndoError> {
             }
         }
     };
+    // Only spec.version changes (the spec's pod template stays as it is): a rollout of a
+    // template or config change cannot be undone this way, nor can a version be set again.
     let version = version_of(&chosen).to_string();
-    if chosen.contains('+') && revision(&version, app.spec.template.as_ref()) != chosen {
-        return Err(UndoError::OtherTemplate { wanted: chosen });
+    if version == app.spec.version {
+        return Err(if in_flight && wanted.is_none() {
+            UndoError::NotAVersionChange
+        } else {
+            UndoError::SameVersion { version }
+        });
     }
     let patch = json!({
         "metadata": {"resourceVersion": app.metadata.resource_version},
@@ -128,11 +136,27 @@ pub async fn undo(client: Client, namespace: &str, name: &str, wanted: Option<&s
         }
         other => UndoError::Api { namespace: namespace.into(), name: name.into(), message: other.to_string() },
     };
-    let app = apps.get(name).await.map_err(api_error)?;
-    let undo = plan_undo(&app, wanted)?;
-    let from = app.spec.version.clone();
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
-    apps.patch(name, &params, &Patch::Merge(&undo.patch)).await.map_err(api_error)?;
+    let first = apps.get(name).await.map_err(api_error)?;
+    let mut app = first.clone();
+    // The operator's status writes change the resourceVersion too: a conflict with the same
+    // generation (the spec did not change) is planned again from a fresh read, a few times.
+    let mut tries = 0;
+    let undo = loop {
+        let undo = plan_undo(&app, wanted)?;
+        match apps.patch(name, &params, &Patch::Merge(&undo.patch)).await {
+            Ok(_) => break undo,
+            Err(kube::Error::Api(s)) if s.code == 409 && tries < 5 => {
+                tries += 1;
+                app = apps.get(name).await.map_err(api_error)?;
+                if app.metadata.generation != first.metadata.generation {
+                    return Err(UndoError::Changed { namespace: namespace.into(), name: name.into() });
+                }
+            }
+            Err(e) => return Err(api_error(e)),
+        }
+    };
+    let from = app.spec.version.clone();
     Ok(if undo.at_once {
         format!(
             "App {namespace}/{name}: undo requested: spec.version {from} is abandoned at once and {} keeps serving",
@@ -171,7 +195,7 @@ mod tests {
         app.status = Some(AppStatus {
             current_version: Some(current.into()),
             target_version: Some(spec_version.into()),
-            rollout: in_flight.then(|| RolloutProgress {
+            rollout: in_flight.then_some(RolloutProgress {
                 started_at: Time(Timestamp::UNIX_EPOCH),
                 progress_since: None,
                 promoted_by_user: false,
@@ -232,9 +256,24 @@ mod tests {
     }
 
     #[test]
-    fn a_revision_of_another_template_is_refused() {
-        let a =
-            app("2", "2", vec![record("2", RolloutResult::Promoted), record("1+abc", RolloutResult::Promoted)], false);
-        assert_eq!(plan_undo(&a, Some("1")), Err(UndoError::OtherTemplate { wanted: "1+abc".into() }));
+    fn only_spec_version_changes() {
+        // A template (or config) rollout under way: the version is the same.
+        let a = app("1", "1+aaa", vec![record("1+aaa", RolloutResult::Promoted)], true);
+        assert_eq!(plan_undo(&a, None), Err(UndoError::NotAVersionChange));
+        // The version asked for is the spec's already.
+        let b = app(
+            "2",
+            "2+bbb",
+            vec![record("2+bbb", RolloutResult::Promoted), record("2+aaa", RolloutResult::Promoted)],
+            false,
+        );
+        assert_eq!(plan_undo(&b, Some("2")), Err(UndoError::SameVersion { version: "2".into() }));
+        assert!(matches!(plan_undo(&b, None), Err(UndoError::NothingEarlier { .. })), "2+aaa is the same version");
+        // Revisions of templates (or ConfigMaps) the CLI cannot recompute are fine: only the
+        // version part is written.
+        let mut promoted = record("2+bbb", RolloutResult::Promoted);
+        promoted.replaced = Some("1+ccc".into());
+        let c = app("2", "2+bbb", vec![promoted], false);
+        assert_eq!(plan_undo(&c, None).map(|u| u.patch["spec"]["version"].clone()), Ok(json!("1")));
     }
 }

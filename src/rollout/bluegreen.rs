@@ -221,7 +221,13 @@ impl Planner<'_> {
             );
             return match self.fail_or_hold(stable_version, "AnalysisFailed", message) {
                 ControlFlow::Break(rolled_back) => rolled_back,
-                ControlFlow::Continue(held) => self.blue_green_objects(stable_version, bg, held),
+                // Held for a person (autoRollback off): the failing version keeps its pods for
+                // them to look at, but not the traffic.
+                ControlFlow::Continue(held) => {
+                    let planned = self.blue_green_objects(stable_version, bg, held);
+                    self.active = Some(Track::Stable);
+                    planned
+                }
             };
         }
         if !cr.complete && !user_paused && waited > self.settings.deadline {
@@ -347,7 +353,9 @@ impl Planner<'_> {
         let ended =
             matches!(last.result, RolloutResult::Promoted | RolloutResult::RolledBack | RolloutResult::Reverted);
         let waited = elapsed(&last.at, self.now);
-        if !ended || waited >= PREVIEW_DRAIN {
+        // A record from the future (a writer's clock ahead) does not hold the preview.
+        let future = last.at.0.as_millisecond() > self.now.as_millisecond();
+        if !ended || future || waited >= PREVIEW_DRAIN {
             return None;
         }
         self.look_again_in(PREVIEW_DRAIN - waited);

@@ -166,9 +166,11 @@ fn a_preview_that_cannot_be_created_names_why_and_is_rolled_back_at_the_deadline
     assert!(p.message.contains("exceeded quota: compute"), "{}", p.message);
     assert_eq!(plan.active, Some(Track::Stable));
     let app = advance(&app, &plan);
-    let late = Run { app: &app, ..run }.plan(70);
+    let late = Run { app: &app, ..run.clone() }.plan(70);
     assert_eq!(late.status.phase, Some(AppPhase::RolledBack));
     assert_eq!(late.active, Some(Track::Stable));
+    let app = advance(&app, &late);
+    assert!(Run { app: &app, ..run }.plan(81).canary.is_none(), "gone once drained");
     let failed = late.status.failed_version.as_ref().expect("failed");
     assert!(failed.message.contains("exceeded quota"), "{}", failed.message);
 }
@@ -252,4 +254,30 @@ fn a_rollback_while_the_stable_deployment_rolls_serves_from_both_tracks() {
     assert_eq!(image(&plan.stable), "example.com/web:1");
     assert!(plan.canary.is_some(), "kept for capacity");
     assert_eq!(plan.active, None, "the kept pods are selected while the stable Deployment is short");
+}
+
+#[test]
+fn a_failure_held_for_a_person_after_the_switch_takes_the_traffic_off_the_new_version() {
+    let mut app = blue_green_app(4, true, true);
+    app.spec.rollout.auto_rollback = Some(false);
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).plan(0));
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(pass()).plan(3));
+    let app = advance(&app, &Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(fail()).plan(13));
+    let held = Run::new(&app).stable("1", 4, 4).canary("2", 4, 4).measured(fail()).plan(23);
+    assert_eq!(held.status.phase, Some(AppPhase::Paused));
+    assert!(held.canary.is_some(), "kept for a person to look at");
+    assert_eq!(held.active, Some(Track::Stable), "but it serves nothing");
+}
+
+#[test]
+fn a_promotion_recorded_in_the_future_does_not_hold_the_preview() {
+    let app = blue_green_app(2, false, true);
+    let mut app = advance(&app, &Run::new(&app).stable("1", 2, 2).plan(0));
+    app.spec.version = "1".into();
+    let mut reverted = advance(&app, &Run::new(&app).stable("1", 2, 2).canary("2", 2, 2).plan(5));
+    if let Some(h) = reverted.status.as_mut().and_then(|s| s.history.first_mut()) {
+        h.at = Time(at(3600));
+    }
+    let plan = Run::new(&reverted).stable("1", 2, 2).canary("2", 2, 2).plan(6);
+    assert!(plan.canary.is_none() && plan.recheck.is_none(), "no requeue for a clock an hour ahead");
 }

@@ -95,6 +95,7 @@ fn measurement(result: MeasurementResult, value: Option<f64>) -> Measurement {
     Measurement { name: "error-rate".into(), result, value, min: None, max: Some(0.05), message: Some("m".into()) }
 }
 
+#[derive(Clone)]
 struct Run<'a> {
     stable: Option<Deployment>,
     canary: Option<Deployment>,
