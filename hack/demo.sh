@@ -125,8 +125,9 @@ kubectl get apps -A
 CANARY_LINE='{.status.phase} {.status.currentVersion}->{.status.targetVersion} step={.status.canary.step} weight={.status.canary.weight}% canary={.status.canary.replicas} stable={.status.canary.stableReplicas} analysis={.status.analysis.lastResult} | {.status.conditions[?(@.type=="Progressing")].message}'
 BLUE_GREEN_LINE='{.status.phase} {.status.currentVersion}->{.status.targetVersion} stage={.status.blueGreen.stage} analysis={.status.analysis.lastResult} | {.status.conditions[?(@.type=="Progressing")].message}'
 
-# Prints a line each time the rollout of demo/$1 changes (fields: jsonpath $3), until it
-# ends in phase $2.
+# Prints a line each time the rollout of demo/$1 changes (fields: jsonpath $3), until the
+# line starts with $2 ("<phase> <current>-><target>": the phase alone would match the state
+# before the operator saw the new version).
 follow() {
   local app=$1 want=$2 fields=$3 last="" line
   for _ in $(seq 1 600); do
@@ -145,16 +146,16 @@ follow() {
 echo
 echo ">> a good release: checkout 1.4.1 -> 1.4.2 by canary (25%, then 50%), gated by error rate and p99 latency"
 kubectl -n demo patch app checkout --type=merge -p '{"spec":{"version":"1.4.2"}}' >/dev/null
-follow checkout Healthy "$CANARY_LINE"
+follow checkout "Healthy 1.4.2->1.4.2" "$CANARY_LINE"
 echo
 echo ">> a bad release: checkout 1.4.2 -> 1.5.0, whose canary answers 30% errors"
 kubectl -n demo patch app checkout --type=merge -p '{"spec":{"version":"1.5.0"}}' >/dev/null
-follow checkout RolledBack "$CANARY_LINE"
+follow checkout "RolledBack 1.4.2->1.4.2" "$CANARY_LINE"
 echo
 echo ">> a blue-green release: payments 1.0.0 -> 1.1.0, previewed at full size behind payments-preview,"
 echo "   then the Service switches in one write; 1.0.0 stays 15s in case it must switch back"
 kubectl -n demo patch app payments --type=merge -p '{"spec":{"version":"1.1.0"}}' >/dev/null
-follow payments Healthy "$BLUE_GREEN_LINE"
+follow payments "Healthy 1.1.0->1.1.0" "$BLUE_GREEN_LINE"
 echo
 "$BIN" status checkout -n demo --kubeconfig "$KUBECONFIG"
 echo
@@ -171,6 +172,7 @@ echo "   kubectl -n demo get events --field-selector regarding.name=checkout"
 echo "Try:"
 echo "   kubectl -n demo patch app checkout --type=merge -p '{\"spec\":{\"version\":\"1.4.3\"}}'   # unknown to the exporter: no data, the rollout pauses"
 echo "   $BIN promote checkout -n demo --full    # or: abort, retry, pause, resume"
+echo "   $BIN undo payments -n demo              # back to 1.0.0, through the blue-green preview again"
 echo "   kill -9 \$(cat $DEMO/operator-0.pid)   # its shards move to the other replicas within seconds"
 echo "   kubectl -n demo get apps.v1alpha1.flotilla.dev checkout -o yaml   # the old API version, converted by the replicas (deprecated)"
 echo "   bash hack/demo.sh down"
