@@ -303,22 +303,10 @@ impl Planner<'_> {
             let draining = self.preview_draining();
             return (stable, draining, outcome);
         }
-        let waited = elapsed(&bg.since, self.now);
-        let mut held = None;
-        if waited > self.settings.deadline && !user_paused {
-            let message = format!(
-                "the stable Deployment did not become available on version {target} within {}: {}/{} replicas ready",
-                secs(self.settings.deadline),
-                r.ready,
-                r.want
-            );
-            held = match self.fail_or_hold(stable_version, "ProgressDeadlineExceeded", message) {
-                ControlFlow::Break(rolled_back) => return rolled_back,
-                ControlFlow::Continue(outcome) => Some(outcome),
-            };
-        } else if !user_paused {
-            self.look_again_in(self.settings.deadline - waited.min(self.settings.deadline));
-        }
+        let held = match self.stable_rolling_in(stable_version, &bg.since, r, user_paused) {
+            ControlFlow::Break(rolled_back) => return rolled_back,
+            ControlFlow::Continue(held) => held,
+        };
         let outcome = held.unwrap_or_else(|| Outcome {
             phase: if user_paused { AppPhase::Paused } else { AppPhase::Progressing },
             reason: if user_paused { "PausedByUser".into() } else { "Promoting".into() },

@@ -190,23 +190,11 @@ impl Planner<'_> {
             let outcome = self.promoted();
             return (stable, None, outcome);
         }
-        let waited = elapsed(&c.step_started_at, self.now);
         let user_paused = paused_by_user(self.app);
-        let mut held = None;
-        if waited > self.settings.deadline && !user_paused {
-            let message = format!(
-                "the stable Deployment did not become available on version {target} within {}: {}/{} replicas ready",
-                secs(self.settings.deadline),
-                r.ready,
-                r.want
-            );
-            held = match self.fail_or_hold(stable_version, "ProgressDeadlineExceeded", message) {
-                ControlFlow::Break(rolled_back) => return rolled_back,
-                ControlFlow::Continue(outcome) => Some(outcome),
-            };
-        } else if !user_paused {
-            self.look_again_in(self.settings.deadline - waited.min(self.settings.deadline));
-        }
+        let held = match self.stable_rolling_in(stable_version, &c.step_started_at, r, user_paused) {
+            ControlFlow::Break(rolled_back) => return rolled_back,
+            ControlFlow::Continue(held) => held,
+        };
         let keep = c.replicas.max(1);
         let canary = deployment(self.app, self.input.id, &self.shape(Track::Canary, &target, Some(keep), false));
         c.weight = 100;

@@ -628,6 +628,38 @@ impl Planner<'_> {
         self.rolled_back(stable_version, &failed)
     }
 
+    /// The stable Deployment rolling to the new version, the last stage of a canary or a
+    /// blue-green rollout, which began at `since`: past the progress deadline the rollout
+    /// fails (`Break` with the rollback) or is held for a person (`Continue` with the outcome
+    /// to show); before it, nothing to show, and a look again at the deadline.
+    fn stable_rolling_in(
+        &mut self,
+        stable_version: &str,
+        since: &Time,
+        r: Readiness,
+        user_paused: bool,
+    ) -> ControlFlow<Planned, Option<Outcome>> {
+        let waited = elapsed(since, self.now);
+        if user_paused {
+            return ControlFlow::Continue(None);
+        }
+        if waited <= self.settings.deadline {
+            self.look_again_in(self.settings.deadline - waited);
+            return ControlFlow::Continue(None);
+        }
+        let message = format!(
+            "the stable Deployment did not become available on version {} within {}: {}/{} replicas ready",
+            self.target,
+            secs(self.settings.deadline),
+            r.ready,
+            r.want
+        );
+        match self.fail_or_hold(stable_version, "ProgressDeadlineExceeded", message) {
+            ControlFlow::Break(rolled_back) => ControlFlow::Break(rolled_back),
+            ControlFlow::Continue(outcome) => ControlFlow::Continue(Some(outcome)),
+        }
+    }
+
     /// The rollout failed a check or the health gate: roll it back (`Break` with the plan), or
     /// with autoRollback off hold it where it is for a person to abort or promote (`Continue`
     /// with the outcome to show).
