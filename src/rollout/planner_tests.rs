@@ -884,3 +884,23 @@ fn a_lost_status_keeps_the_running_template_for_a_rollback() {
 
 #[path = "bluegreen_tests.rs"]
 mod bluegreen;
+
+#[test]
+fn a_stable_deployment_that_does_not_roll_in_by_the_deadline_rolls_the_promotion_back() {
+    // Canary: promoting after its last step; blue-green: after the delay. Both judged by the
+    // same deadline on the stable Deployment's last stage.
+    let canary = canary_app(2, &[50], false);
+    let canary = with_annotation(&canary, ANNOTATION_ACTION, "promote-full 1");
+    let canary = advance(&canary, &Run::new(&canary).stable("1", 2, 2).plan(0));
+    assert_eq!(canary.status.as_ref().and_then(|s| s.canary.as_ref()).map(|c| c.step), Some(1), "promoting");
+    let waiting = Run::new(&canary).stable("2", 2, 1).canary("2", 1, 1).plan(50);
+    assert_eq!(waiting.status.phase, Some(AppPhase::Progressing));
+    assert_eq!(waiting.recheck, Some(Duration::from_secs(10)), "looks again at the deadline");
+    let late = Run::new(&canary).stable("2", 2, 1).canary("2", 1, 1).plan(61);
+    assert_eq!(late.status.phase, Some(AppPhase::RolledBack));
+    let failed = late.status.failed_version.as_ref().expect("failed");
+    assert_eq!(failed.reason, "ProgressDeadlineExceeded");
+    assert!(failed.message.contains("stable Deployment did not become available on version 2"), "{}", failed.message);
+    let paused = with_annotation(&canary, ANNOTATION_PAUSED, "true");
+    assert_eq!(Run::new(&paused).stable("2", 2, 1).canary("2", 1, 1).plan(600).status.phase, Some(AppPhase::Paused));
+}
