@@ -126,8 +126,9 @@ CANARY_LINE='{.status.phase} {.status.currentVersion}->{.status.targetVersion} s
 BLUE_GREEN_LINE='{.status.phase} {.status.currentVersion}->{.status.targetVersion} stage={.status.blueGreen.stage} analysis={.status.analysis.lastResult} | {.status.conditions[?(@.type=="Progressing")].message}'
 
 # Prints a line each time the rollout of demo/$1 changes (fields: jsonpath $3), until the
-# line starts with $2 ("<phase> <current>-><target>": the phase alone would match the state
-# before the operator saw the new version).
+# line starts with the pattern $2 ("<phase> <current>-><target>", where a version with a pod
+# template reads 1.4.2+<fingerprint>: the phase alone would match the state before the
+# operator saw the new version).
 follow() {
   local app=$1 want=$2 fields=$3 last="" line
   for _ in $(seq 1 600); do
@@ -136,7 +137,8 @@ follow() {
       echo "   $(date +%T) $line"
       last=$line
     fi
-    case "$line" in "$want "*) return 0 ;; esac
+    # shellcheck disable=SC2254 # $want is a pattern
+    case "$line" in $want" "*) return 0 ;; esac
     sleep 1
   done
   echo "error: $app did not reach $want; see $DEMO/operator-*.log" >&2
@@ -146,16 +148,16 @@ follow() {
 echo
 echo ">> a good release: checkout 1.4.1 -> 1.4.2 by canary (25%, then 50%), gated by error rate and p99 latency"
 kubectl -n demo patch app checkout --type=merge -p '{"spec":{"version":"1.4.2"}}' >/dev/null
-follow checkout "Healthy 1.4.2->1.4.2" "$CANARY_LINE"
+follow checkout "Healthy 1.4.2*->1.4.2*" "$CANARY_LINE"
 echo
 echo ">> a bad release: checkout 1.4.2 -> 1.5.0, whose canary answers 30% errors"
 kubectl -n demo patch app checkout --type=merge -p '{"spec":{"version":"1.5.0"}}' >/dev/null
-follow checkout "RolledBack 1.4.2->1.4.2" "$CANARY_LINE"
+follow checkout "RolledBack 1.4.2*->1.4.2*" "$CANARY_LINE"
 echo
 echo ">> a blue-green release: payments 1.0.0 -> 1.1.0, previewed at full size behind payments-preview,"
 echo "   then the Service switches in one write; 1.0.0 stays 15s in case it must switch back"
 kubectl -n demo patch app payments --type=merge -p '{"spec":{"version":"1.1.0"}}' >/dev/null
-follow payments "Healthy 1.1.0->1.1.0" "$BLUE_GREEN_LINE"
+follow payments "Healthy 1.1.0*->1.1.0*" "$BLUE_GREEN_LINE"
 echo
 "$BIN" status checkout -n demo --kubeconfig "$KUBECONFIG"
 echo
