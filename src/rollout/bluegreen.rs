@@ -47,19 +47,11 @@ impl Planner<'_> {
             .unwrap_or(BlueGreenSettings { auto_promotion: true, scale_down_delay: DEFAULT_SCALE_DOWN_DELAY })
     }
 
-    /// How long the preview pods have not all been available (the progress deadline counts
-    /// from the first look that saw them short, not the time a person held the rollout).
-    fn preview_unavailable_for(&self, bg: &mut BlueGreenStatus, complete: bool) -> Duration {
-        let was_paused = self.app.status.as_ref().and_then(|s| s.phase) == Some(AppPhase::Paused);
-        if complete {
-            bg.unavailable_since = None;
-            return Duration::ZERO;
-        }
-        let since = bg.unavailable_since.get_or_insert(Time(self.now));
-        if was_paused && !paused_by_user(self.app) {
-            *since = Time(self.now);
-        }
-        elapsed(since, self.now)
+    /// `bg` enters `stage` now.
+    fn enter(&self, bg: &mut BlueGreenStatus, stage: BlueGreenStage) {
+        bg.stage = stage;
+        bg.since = Time(self.now);
+        bg.unavailable_since = None;
     }
 
     fn preview(&mut self, stable_version: &str, mut bg: BlueGreenStatus, promote: bool) -> Planned {
@@ -68,7 +60,7 @@ impl Planner<'_> {
         let user_paused = paused_by_user(self.app);
         let preview_name = names::preview_service_name(&self.input.id.name);
         let cr = readiness(self.input.observed.canary, &target, total);
-        let waited = self.preview_unavailable_for(&mut bg, cr.complete);
+        let waited = self.unavailable_for(&mut bg.unavailable_since, cr.complete);
         let stop = if user_paused || !cr.complete { self.held_analysis() } else { self.analyse(true) };
         if let Some(AnalysisStop::Failed(why)) = &stop {
             let message = format!("analysis of version {target} behind {preview_name} failed: {why}");
@@ -166,9 +158,7 @@ impl Planner<'_> {
                 secs(delay)
             ),
         );
-        bg.stage = BlueGreenStage::Switched;
-        bg.since = Time(self.now);
-        bg.unavailable_since = None;
+        self.enter(&mut bg, BlueGreenStage::Switched);
         self.look_again_in(delay);
         let outcome = self.switched_outcome(stable_version, delay);
         self.blue_green_objects(stable_version, bg, outcome)
@@ -194,7 +184,7 @@ impl Planner<'_> {
         let user_paused = paused_by_user(self.app);
         let cr = readiness(self.input.observed.canary, &target, total);
         let was_complete = bg.unavailable_since.is_none();
-        let waited = self.preview_unavailable_for(&mut bg, cr.complete);
+        let waited = self.unavailable_for(&mut bg.unavailable_since, cr.complete);
         let service = names::service_name(&self.input.id.name);
         // The new version lost pods after the switch: the old one, still all there, serves
         // again at once, and the new one again once it is back (the deadline counts meanwhile).
@@ -254,9 +244,7 @@ impl Planner<'_> {
                     secs(served)
                 ),
             );
-            bg.stage = BlueGreenStage::Promoting;
-            bg.since = Time(self.now);
-            bg.unavailable_since = None;
+            self.enter(&mut bg, BlueGreenStage::Promoting);
             return self.promote_stable(stable_version, bg);
         }
         if served < delay && !user_paused {

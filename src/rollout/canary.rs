@@ -43,20 +43,13 @@ impl Planner<'_> {
         let weight = self.settings.weights[index];
         let wanted = canary_replicas(weight, self.total);
         let cr = readiness(self.input.observed.canary, &self.target, wanted);
-        let was_paused = self.app.status.as_ref().and_then(|s| s.phase) == Some(AppPhase::Paused);
         if cr.complete {
             c.available_since.get_or_insert(Time(self.now));
-            c.unavailable_since = None;
         } else {
             c.available_since = None;
-            let since = c.unavailable_since.get_or_insert(Time(self.now));
-            if was_paused && !user_paused {
-                // The deadline does not count the time a person held the rollout.
-                *since = Time(self.now);
-            }
         }
         let available_for = c.available_since.as_ref().map_or(Duration::ZERO, |t| elapsed(t, self.now));
-        let waited = c.unavailable_since.as_ref().map_or(Duration::ZERO, |t| elapsed(t, self.now));
+        let waited = self.unavailable_for(&mut c.unavailable_since, cr.complete);
         let canary_name = names::canary_deployment_name(&self.input.id.name);
 
         let stop = if user_paused || !cr.complete { self.held_analysis() } else { self.analyse(true) };

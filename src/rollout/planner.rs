@@ -628,6 +628,22 @@ impl Planner<'_> {
         self.rolled_back(stable_version, &failed)
     }
 
+    /// How long the new version's Deployment has not had all its pods available, kept in
+    /// `since` (a canary step's, a blue-green stage's): counted from the first look that saw
+    /// it short, and not over the time a person held the rollout (the progress deadline).
+    fn unavailable_for(&self, since: &mut Option<Time>, complete: bool) -> Duration {
+        if complete {
+            *since = None;
+            return Duration::ZERO;
+        }
+        let was_paused = self.app.status.as_ref().and_then(|s| s.phase) == Some(AppPhase::Paused);
+        let since = since.get_or_insert(Time(self.now));
+        if was_paused && !paused_by_user(self.app) {
+            *since = Time(self.now);
+        }
+        elapsed(since, self.now)
+    }
+
     /// The stable Deployment rolling to the new version, the last stage of a canary or a
     /// blue-green rollout, which began at `since`: past the progress deadline the rollout
     /// fails (`Break` with the rollback) or is held for a person (`Continue` with the outcome
