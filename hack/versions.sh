@@ -24,3 +24,7 @@ KUBELET_BIN=$FLOTILLA_CACHE/kubelet-$K8S_VERSION
 ARGO_ROLLOUTS_VERSION=v1.10.2
 ARGO_ROLLOUTS_BIN=$FLOTILLA_CACHE/argo-rollouts-$ARGO_ROLLOUTS_VERSION
 ARGO_ROLLOUTS_GOTOOLCHAIN=go1.27.3
+# Gateway API standard-channel CRDs (HTTPRoute), installed by hack/gateway-api.sh from the
+# sigs.k8s.io/gateway-api Go module, which ships them: for routed canaries in the tests and
+# the demo. No data plane: only the API objects.
+GATEWAY_API_VERSION=v1.6.3

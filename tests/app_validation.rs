@@ -206,6 +206,20 @@ async fn invalid_apps_are_refused_with_the_field_named() {
             with(json!({"rollout": {"strategy": {"type": "BlueGreen", "blueGreen": {"scaleDownDelay": "2h"}}}})),
             "spec.rollout.strategy.blueGreen.scaleDownDelay",
         ),
+        (
+            "an HTTPRoute name that no route can have",
+            "routename",
+            with(json!({"rollout": {"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10}],
+                "trafficRouting": {"gatewayAPI": {"httpRoute": "Shop_Route"}}}}}})),
+            "spec.rollout.strategy.canary.trafficRouting.gatewayAPI.httpRoute",
+        ),
+        (
+            "trafficRouting without a route",
+            "routeless",
+            with(json!({"rollout": {"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10}],
+                "trafficRouting": {}}}}})),
+            "spec.rollout.strategy.canary.trafficRouting.gatewayAPI",
+        ),
     ];
     let mut failures = Vec::new();
     for (what, name, spec, field) in &cases {
@@ -233,6 +247,9 @@ async fn invalid_apps_are_refused_with_the_field_named() {
     apps.create(&PostParams::default(), &app(&"b".repeat(55), bg))
         .await
         .expect("a blue-green App of 55 characters is accepted");
+    let routed = with(json!({"rollout": {"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10}],
+        "trafficRouting": {"gatewayAPI": {"httpRoute": "shop.public-v2"}}}}}}));
+    apps.create(&PostParams::default(), &app("routed", routed)).await.expect("a routed canary is accepted");
 }
 
 /// The sample Apps in deploy/samples are valid (created in a test namespace, dry run).

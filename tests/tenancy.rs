@@ -116,6 +116,16 @@ async fn onboarding_and_least_privilege(client: Client) {
     assert!(!can_i(&["update", "configmaps"], Some(&a)), "no write of configmaps in {a}");
     assert!(!can_i(&["get", "secrets"], Some(&a)), "no read of secrets in {a}");
     assert!(!can_i(&["bind", "clusterroles/cluster-admin"], None), "cannot bind cluster-admin");
+    // A routed canary's HTTPRoute: read and patched (two weights) in onboarded namespaces only,
+    // never created, listed or deleted.
+    let routes = "httproutes.gateway.networking.k8s.io";
+    assert!(can_i(&["patch", routes], Some(&a)), "patch httproutes in onboarded {a}");
+    assert!(can_i(&["get", routes], Some(&b)), "get httproutes in onboarded {b}");
+    assert!(!can_i(&["patch", routes], Some("kube-system")), "no patch of httproutes in kube-system");
+    assert!(!can_i(&["get", routes], None), "no cluster-wide read of httproutes");
+    for verb in ["create", "list", "delete"] {
+        assert!(!can_i(&[verb, routes], Some(&a)), "no {verb} of httproutes in {a}");
+    }
 }
 
 /// 2: an App in a namespace of no tenant: nothing is created, the reason is visible, no storm.

@@ -5,7 +5,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
-use super::rollout::{AnalysisStatus, BlueGreenStatus, CanaryStatus, FailedVersion, RolloutProgress, RolloutRecord};
+use super::rollout::{
+    AnalysisStatus, BlueGreenStatus, CanaryStatus, FailedVersion, RolloutProgress, RolloutRecord, TrafficRoutingStatus,
+};
 
 /// Longest App name: every object derived from it (`<name>`, `<name>-canary`, and the
 /// `app.kubernetes.io/name` label) must stay a valid 63-character DNS label.
@@ -63,6 +65,9 @@ pub struct AppStatus {
     /// Stage of a blue-green rollout, while one is under way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blue_green: Option<BlueGreenStatus>,
+    /// The HTTPRoute weights of a canary routed through Gateway API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_routing: Option<TrafficRoutingStatus>,
     /// Measurements of the current (or last) rollout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<AnalysisStatus>,

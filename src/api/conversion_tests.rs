@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::api::rollout::{
-    Analysis, BlueGreenStrategy, CanaryStep, CanaryStrategy, MetricCheck, RollingStrategy, Strategy as Rollout,
-    StrategyType,
+    Analysis, BlueGreenStrategy, CanaryStep, CanaryStrategy, GatewayApiRouting, MetricCheck, RollingStrategy,
+    Strategy as Rollout, StrategyType, TrafficRouting,
 };
 use crate::api::template::{PodTemplate, TemplateMetadata};
 use crate::api::tenant::{
@@ -38,10 +38,14 @@ fn strategy() -> impl Strategy<Value = Rollout> {
         of((of(int_or_percent()), of(int_or_percent()))
             .prop_map(|(max_unavailable, max_surge)| RollingStrategy { max_unavailable, max_surge }))
         .prop_map(|rolling| Rollout { type_: StrategyType::Rolling, rolling, canary: None, blue_green: None }),
-        vec(step, 1..4).prop_map(|steps| Rollout {
+        (vec(step, 1..4), of("[a-z][a-z0-9.-]{0,20}")).prop_map(|(steps, route)| Rollout {
             type_: StrategyType::Canary,
             rolling: None,
-            canary: Some(CanaryStrategy { steps }),
+            canary: Some(CanaryStrategy {
+                steps,
+                traffic_routing: route
+                    .map(|http_route| TrafficRouting { gateway_api: GatewayApiRouting { http_route } }),
+            }),
             blue_green: None,
         }),
         of((of(any::<bool>()), of("[1-9][0-9]?(s|m)"))).prop_map(|bg| Rollout {

@@ -20,8 +20,8 @@ pub use app::{AppPhase, AppStatus, Autoscaling};
 pub use crds::{crds, crds_yaml};
 pub use rollout::{
     Analysis, AnalysisStatus, BlueGreenStage, BlueGreenStatus, BlueGreenStrategy, CanaryStatus, CanaryStep,
-    CanaryStrategy, FailedVersion, Measurement, MeasurementResult, MetricCheck, RollingStrategy, RolloutProgress,
-    RolloutRecord, RolloutResult, Strategy, StrategyType,
+    CanaryStrategy, FailedVersion, GatewayApiRouting, Measurement, MeasurementResult, MetricCheck, RollingStrategy,
+    RolloutProgress, RolloutRecord, RolloutResult, Strategy, StrategyType, TrafficRouting, TrafficRoutingStatus,
 };
 pub use template::{PodTemplate, TemplateMetadata};
 pub use tenant::{

@@ -93,6 +93,11 @@ pub fn preview_service_name(app: &str) -> String {
     format!("{app}-preview")
 }
 
+/// The Service in front of a canary's pods only, when its traffic is split by an HTTPRoute.
+pub fn canary_service_name(app: &str) -> String {
+    format!("{app}-canary")
+}
+
 /// The HorizontalPodAutoscaler carries the App's own name.
 pub fn hpa_name(app: &str) -> String {
     app.to_string()

@@ -85,6 +85,27 @@ pub struct CanaryStrategy {
     /// The steps, in order (1 to 20). After the last one the new version is promoted.
     #[schemars(length(min = 1, max = 20))]
     pub steps: Vec<CanaryStep>,
+    /// Send each step's exact share of the requests to the new version through a Gateway API HTTPRoute, instead of a share of the replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_routing: Option<TrafficRouting>,
+}
+
+/// Where a canary's traffic is split by weight.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct TrafficRouting {
+    /// A Gateway API HTTPRoute of the App's namespace.
+    #[serde(rename = "gatewayAPI")]
+    pub gateway_api: GatewayApiRouting,
+}
+
+/// The HTTPRoute whose weights follow the canary's steps.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayApiRouting {
+    /// Name of an HTTPRoute (gateway.networking.k8s.io/v1) in the App's namespace. Each rule of it that sends requests to the App must name exactly two backendRefs, the Services `<app>` (the stable version) and `<app>-canary` (the new one); Flotilla sets only their weights, and never creates or deletes the route.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("must be the name of an HTTPRoute: lower-case letters, digits, '-' and '.'").reason(kube::core::Reason::FieldValueInvalid))]
+    pub http_route: String,
 }
 
 /// One canary step: the share of replicas that runs the new version, and how long to stay.
@@ -180,6 +201,19 @@ pub enum BlueGreenStage {
     /// The stable Deployment moves to the new version (the App's Service still selects the
     /// preview pods); then the App's Service selects it and the preview Deployment goes.
     Promoting,
+}
+
+/// The HTTPRoute that splits a canary's traffic, as Flotilla last set it.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficRoutingStatus {
+    /// The HTTPRoute named in `spec.rollout.strategy.canary.trafficRouting`.
+    pub http_route: String,
+    /// Percentage of the App's requests the route sends to the new version (`<app>-canary`).
+    pub canary_weight: i32,
+    /// Why the route cannot be used (missing, or not sending to the App's two Services); the rollout waits meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// Progress of a blue-green rollout.

@@ -149,6 +149,12 @@ impl AppSpec {
         self.rollout.strategy.as_ref()
     }
 
+    /// The HTTPRoute that splits a canary's traffic (`strategy.canary.trafficRouting`), if any.
+    pub fn http_route(&self) -> Option<&str> {
+        let strategy = self.strategy().filter(|s| s.type_ == crate::api::StrategyType::Canary)?;
+        strategy.canary.as_ref()?.traffic_routing.as_ref().map(|t| t.gateway_api.http_route.as_str())
+    }
+
     /// The Prometheus checks, if any.
     pub fn analysis(&self) -> Option<&Analysis> {
         self.rollout.analysis.as_ref()

@@ -261,6 +261,11 @@ pub fn desired_preview_service(app: &App, id: &AppIdentity) -> Service {
     service(app, id, names::preview_service_name(&id.name), Some(Track::Canary))
 }
 
+/// The Service in front of a routed canary's pods only: the HTTPRoute's second backend.
+pub fn desired_canary_service(app: &App, id: &AppIdentity) -> Service {
+    service(app, id, names::canary_service_name(&id.name), Some(Track::Canary))
+}
+
 fn service(app: &App, id: &AppIdentity, name: String, track: Option<Track>) -> Service {
     let port = app.spec.port.unwrap_or(names::DEFAULT_APP_PORT);
     Service {

@@ -9,6 +9,7 @@ pub mod first_deployment;
 pub mod guard;
 pub mod pod_policy;
 pub mod reconcile;
+pub mod route;
 pub mod status;
 
 pub use context::Context;

@@ -19,11 +19,12 @@ use tracing::{Span, debug, field, info, instrument, warn};
 use super::config;
 use super::context::Context;
 use super::desired::{
-    AppIdentity, Difference, deployment_differences, desired_hpa, desired_preview_service, desired_service,
-    hpa_differences, owned_by, service_differences,
+    AppIdentity, Difference, deployment_differences, desired_canary_service, desired_hpa, desired_preview_service,
+    desired_service, hpa_differences, owned_by, service_differences,
 };
 use super::error::{ReconcileError, retry_delay};
 use super::first_deployment::{is_first_deployment, status_deferral};
+use super::route;
 use super::status::{Blocker, degraded};
 use crate::api::conditions::READY;
 use crate::api::names::{self, FIELD_MANAGER};
@@ -33,6 +34,11 @@ use crate::rollout::planner::{self, Input, Observed};
 
 /// How often an App that is still converging is looked at even without a watch event.
 const PROGRESS_RECHECK: Duration = Duration::from_secs(30);
+
+/// How often a routed canary's HTTPRoute is read again during a rollout, and when none is
+/// under way: routes are not watched, so this bounds how long a hand-edited weight stands.
+const ROUTE_RECHECK: Duration = Duration::from_secs(5);
+const ROUTE_RECHECK_STEADY: Duration = Duration::from_secs(30);
 
 /// How soon an App is looked at again when the cache does not show its last status write yet.
 const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
@@ -176,7 +182,19 @@ async fn reconcile_app(
     let stable = stable_cached.clone().filter(|d| controlled_by_app(d.as_ref(), &id));
     let canary = canary_cached.clone().filter(|d| controlled_by_app(d.as_ref(), &id));
     let hpa = hpa_cached.clone().filter(|h| controlled_by_app(h.as_ref(), &id));
-    let observed = Observed { stable: stable.as_deref(), canary: canary.as_deref(), hpa: hpa.as_deref() };
+    // A canary routed through Gateway API: its HTTPRoute, read on every look (there is no watch
+    // of routes: a cluster without the Gateway API needs none, and drift of the weights is put
+    // back at the next look, `ROUTE_RECHECK`).
+    let route = match app.spec.http_route() {
+        Some(route_name) => Some(route::observe(&ctx.client, &namespace, &name, route_name).await?),
+        None => None,
+    };
+    let observed = Observed {
+        stable: stable.as_deref(),
+        canary: canary.as_deref(),
+        hpa: hpa.as_deref(),
+        route: route.as_ref().map(route::ObservedRoute::check),
+    };
     let now = crate::api::conditions::now_to_the_second();
     let invalid = |source| ReconcileError::InvalidSettings { namespace: namespace.clone(), name: name.clone(), source };
 
@@ -285,10 +303,40 @@ async fn reconcile_app(
             let preview = desired_preview_service(&app, &id);
             reconcile_service(&app, &id, ctx, preview, planned, &mut changes).await
         } else {
-            remove_preview_service(&id, ctx).await
+            remove_service(&id, ctx, names::preview_service_name(&id.name), "preview").await
         };
         if let Err(e) = result {
             failure = Some(e);
+        }
+    }
+    // A routed canary: the Service the route sends the canary's share to (it stays while the
+    // route names it, so that the route's backend always resolves), then the weights, before
+    // any Deployment is deleted: a promotion or a rollback takes the canary's share away in
+    // one write, and only then do its pods go (after `planner::DRAIN`).
+    if failure.is_none() {
+        let result = if route.is_some() {
+            let canary_service = desired_canary_service(&app, &id);
+            reconcile_service(&app, &id, ctx, canary_service, planned, &mut changes).await
+        } else {
+            remove_service(&id, ctx, names::canary_service_name(&id.name), "canary").await
+        };
+        if let Err(e) = result {
+            failure = Some(e);
+        }
+    }
+    if failure.is_none()
+        && let (Some(route), Some(weight)) = (&route, plan.route_weight)
+        && let Ok(pairs) = &route.pairs
+        && let Some((patch, diffs)) = route::weight_patch(pairs, &name, weight)
+    {
+        if !ctx.may_write(&namespace) {
+            return Err(fenced());
+        }
+        let before = previous.traffic_routing.as_ref().map(|t| t.canary_weight);
+        let moved = planned || before != Some(weight);
+        match route::set_weights(&ctx.client, &namespace, route, &patch).await {
+            Ok(()) => ctx.note_change(&mut changes, &app_ref, "HTTPRoute", &route.name, true, moved, &diffs),
+            Err(e) => failure = Some(e),
         }
     }
     if failure.is_none()
@@ -392,8 +440,13 @@ async fn reconcile_app(
         }
         return Err(err);
     }
-    Ok(match (status.phase, plan.recheck) {
-        // Healthy with a recheck: a blue-green preview draining after the switch.
+    let recheck = match (app.spec.http_route(), &status.rollout) {
+        (None, _) => plan.recheck,
+        (Some(_), Some(_)) => Some(plan.recheck.map_or(ROUTE_RECHECK, |r| r.min(ROUTE_RECHECK))),
+        (Some(_), None) => Some(plan.recheck.map_or(ROUTE_RECHECK_STEADY, |r| r.min(ROUTE_RECHECK_STEADY))),
+    };
+    Ok(match (status.phase, recheck) {
+        // Healthy with a recheck: pods draining after the switch, or a route to read again.
         (Some(AppPhase::Healthy), Some(after)) => Action::requeue(after.min(PROGRESS_RECHECK)),
         (Some(AppPhase::Healthy), None) => Action::await_change(),
         (_, Some(after)) => Action::requeue(after.min(PROGRESS_RECHECK)),
@@ -543,11 +596,11 @@ async fn reconcile_service(
     Ok(())
 }
 
-/// Deletes the preview Service of a finished blue-green rollout, when the cache shows one this
-/// App controls (a Service of that name that is not the App's is left alone).
-async fn remove_preview_service(id: &AppIdentity, ctx: &Context) -> Result<(), ReconcileError> {
+/// Deletes a Service the App no longer needs (a finished blue-green rollout's preview, a routed
+/// canary's once the route is no longer named), when the cache shows one this App controls (a
+/// Service of that name that is not the App's is left alone).
+async fn remove_service(id: &AppIdentity, ctx: &Context, name: String, what: &str) -> Result<(), ReconcileError> {
     let namespace = &id.namespace;
-    let name = names::preview_service_name(&id.name);
     let Some(observed) = ctx.services.get(&ObjectRef::new(&name).within(namespace)) else {
         return Ok(());
     };
@@ -559,7 +612,7 @@ async fn remove_preview_service(id: &AppIdentity, ctx: &Context) -> Result<(), R
     }
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
     delete(&api, observed.as_ref(), "Service").await?;
-    info!(namespace, service = name, "deleted the preview Service");
+    info!(namespace, service = name, "deleted the {what} Service");
     Ok(())
 }
 

@@ -15,9 +15,6 @@
 use super::*;
 use crate::api::{BlueGreenStage, BlueGreenStatus};
 
-/// How long the preview pods stay after the App's Service stopped selecting them.
-pub(super) const PREVIEW_DRAIN: Duration = Duration::from_secs(10);
-
 impl Planner<'_> {
     pub(super) fn blue_green(&mut self, stable_version: &str, promote: bool) -> Planned {
         let total = self.total;
@@ -285,10 +282,10 @@ impl Planner<'_> {
         if r.complete && !user_paused {
             let outcome = self.promoted();
             // The Service moves to the stable Deployment in this plan; the preview's pods,
-            // which took all the traffic, stay a few seconds more (`preview_draining`).
+            // which took all the traffic, stay a few seconds more (`draining`).
             self.active = Some(Track::Stable);
             self.preview = false;
-            let draining = self.preview_draining();
+            let draining = self.draining();
             return (stable, draining, outcome);
         }
         let held = match self.stable_rolling_in(stable_version, &bg.since, r, user_paused) {
@@ -316,26 +313,6 @@ impl Planner<'_> {
     fn preview_deployment(&self, replicas: i32) -> Deployment {
         let shape = self.shape(Track::Canary, &self.target.clone(), Some(replicas), false);
         deployment(self.app, self.input.id, &shape)
-    }
-
-    /// After a blue-green App's Service moved off the preview pods (a promotion, a switch
-    /// back, a revert), the preview Deployment as it is for `PREVIEW_DRAIN` after the rollout
-    /// ended, so that proxies and clients still holding its endpoints finish with them
-    /// instead of meeting terminating pods.
-    pub(super) fn preview_draining(&mut self) -> Option<Deployment> {
-        self.settings.blue_green.as_ref()?;
-        let canary = self.input.observed.canary?;
-        let last = self.status.history.first()?;
-        let ended =
-            matches!(last.result, RolloutResult::Promoted | RolloutResult::RolledBack | RolloutResult::Reverted);
-        let waited = elapsed(&last.at, self.now);
-        // A record from the future (a writer's clock ahead) does not hold the preview.
-        let future = last.at.0.as_millisecond() > self.now.as_millisecond();
-        if !ended || future || waited >= PREVIEW_DRAIN {
-            return None;
-        }
-        self.look_again_in(PREVIEW_DRAIN - waited);
-        Some(canary.clone())
     }
 
     /// The objects of the Preview and Switched stages: the stable Deployment untouched at full

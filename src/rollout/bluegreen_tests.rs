@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::api::{BlueGreenStage, BlueGreenStrategy};
-use crate::rollout::planner::bluegreen::PREVIEW_DRAIN;
+use crate::rollout::planner::DRAIN as PREVIEW_DRAIN;
 use k8s_openapi::api::apps::v1::DeploymentCondition;
 
 fn blue_green_app(replicas: i32, analysis: bool, auto_promotion: bool) -> App {

@@ -10,6 +10,10 @@ impl Planner<'_> {
         let steps = i32::try_from(self.settings.weights.len()).unwrap_or(i32::MAX);
         let target = self.target.clone();
         let user_paused = paused_by_user(self.app);
+        // A routed canary whose HTTPRoute cannot be used waits where it is: its weight cannot
+        // be set, and its pods may take no requests to be judged on.
+        let route_problem = self.route_problem();
+        let holding = user_paused || route_problem.is_some();
         let mut c = self.status.canary.clone().unwrap_or_else(|| CanaryStatus {
             step: 0,
             steps,
@@ -41,7 +45,7 @@ impl Planner<'_> {
 
         let index = usize::try_from(c.step).unwrap_or(0);
         let weight = self.settings.weights[index];
-        let wanted = canary_replicas(weight, self.total);
+        let wanted = self.canary_size(weight);
         let cr = readiness(self.input.observed.canary, &self.target, wanted);
         if cr.complete {
             c.available_since.get_or_insert(Time(self.now));
@@ -52,7 +56,7 @@ impl Planner<'_> {
         let waited = self.unavailable_for(&mut c.unavailable_since, cr.complete);
         let canary_name = names::canary_deployment_name(&self.input.id.name);
 
-        let stop = if user_paused || !cr.complete { self.held_analysis() } else { self.analyse(true) };
+        let stop = if holding || !cr.complete { self.held_analysis() } else { self.analyse(true) };
         if let Some(AnalysisStop::Failed(why)) = &stop {
             let message = format!("analysis failed at step {} ({weight}%): {why}", c.step + 1);
             let held = match self.fail_or_hold(stable_version, "AnalysisFailed", message) {
@@ -78,7 +82,7 @@ impl Planner<'_> {
         let pause = self.settings.pauses[index];
         let gated = self.settings.gates.get(index).copied().unwrap_or(false);
         let analysed = self.passed_since(&c.step_started_at);
-        let step_done = cr.complete && stop.is_none() && !user_paused && available_for >= pause && analysed;
+        let step_done = cr.complete && stop.is_none() && !holding && available_for >= pause && analysed;
         if step_done && !gated {
             c.step += 1;
             c.step_started_at = Time(self.now);
@@ -98,7 +102,7 @@ impl Planner<'_> {
                 "StepCompleted",
                 format!("step {} of {steps} ({weight}%) passed: moving to step {} ({next}%)", c.step, c.step + 1),
             );
-            let wanted = canary_replicas(next, self.total);
+            let wanted = self.canary_size(next);
             let cr = readiness(self.input.observed.canary, &self.target, wanted);
             let outcome = self.step_outcome(&c, next, wanted, cr);
             return self.canary_objects(stable_version, c, wanted, cr, outcome);
@@ -109,9 +113,9 @@ impl Planner<'_> {
         if !cr.complete && !user_paused && waited < self.settings.deadline {
             self.look_again_in(self.settings.deadline - waited);
         }
-        let outcome = match stop {
-            Some(s) => s.outcome(&target),
-            None if user_paused => Outcome {
+        let outcome = match (stop, route_problem) {
+            (Some(s), _) => s.outcome(&target),
+            (None, _) if user_paused => Outcome {
                 phase: AppPhase::Paused,
                 reason: "PausedByUser".into(),
                 message: format!(
@@ -119,9 +123,17 @@ impl Planner<'_> {
                     c.step + 1
                 ),
             },
+            (None, Some(why)) => Outcome {
+                phase: AppPhase::Paused,
+                reason: "RouteNotUsable".into(),
+                message: format!(
+                    "the canary of {target} waits at step {} of {steps} ({weight}%) until its HTTPRoute can be used: {why}",
+                    c.step + 1
+                ),
+            },
             // A gated step: `analyse` above keeps the runs going while it waits (and schedules
             // the next one), so a failure still rolls back.
-            None if step_done => Outcome {
+            (None, None) if step_done => Outcome {
                 phase: AppPhase::Paused,
                 reason: "WaitingForPromote".into(),
                 message: format!(
@@ -129,9 +141,21 @@ impl Planner<'_> {
                     c.step + 1
                 ),
             },
-            None => self.step_outcome(&c, weight, wanted, cr),
+            (None, None) => self.step_outcome(&c, weight, wanted, cr),
         };
         self.canary_objects(stable_version, c, wanted, cr, outcome)
+    }
+
+    /// Canary replicas at a step's `weight`: a share of the App's replicas (at most all but
+    /// one, so that the stable version keeps serving); with a route, as many as that share of
+    /// the requests needs, rounded up, and the stable Deployment keeps all of its own.
+    fn canary_size(&self, weight: i32) -> i32 {
+        if self.settings.route.is_some() {
+            let exact = (i64::from(weight.clamp(0, 100)) * i64::from(self.total.max(0)) + 99) / 100;
+            i32::try_from(exact).unwrap_or(i32::MAX).clamp(1, self.total.max(1))
+        } else {
+            canary_replicas(weight, self.total)
+        }
     }
 
     fn step_outcome(&self, c: &CanaryStatus, weight: i32, wanted: i32, cr: Readiness) -> Outcome {
@@ -154,7 +178,10 @@ impl Planner<'_> {
         outcome: Outcome,
     ) -> Planned {
         let autoscaled = fixed_replicas(self.app).is_none();
-        let mut stable_count = stable_replicas(self.total, wanted, cr.available);
+        let routed = self.settings.route.is_some();
+        // A routed canary's stable Deployment keeps all its replicas: the route, not the pod
+        // count, sets the canary's share, and a rollback sends every request back at once.
+        let mut stable_count = if routed { self.total } else { stable_replicas(self.total, wanted, cr.available) };
         if let Some(before) = self.app.status.as_ref().and_then(|s| s.canary.as_ref())
             && before.step == c.step
             && self.app.status.as_ref().and_then(|s| s.replicas) == Some(self.total)
@@ -166,7 +193,15 @@ impl Planner<'_> {
         let stable = self.stable_kept(stable_version, (!autoscaled).then_some(stable_count));
         let canary =
             deployment(self.app, self.input.id, &self.shape(Track::Canary, &self.target.clone(), Some(wanted), false));
-        c.weight = self.settings.weights.get(usize::try_from(c.step).unwrap_or(0)).copied().unwrap_or(100);
+        let step = usize::try_from(c.step).unwrap_or(0);
+        c.weight = self.settings.weights.get(step).copied().unwrap_or(100);
+        // The route sends the step's share once the canary's pods for it are all available;
+        // until then the share of the step before (none before the first).
+        self.route_weight = if cr.complete {
+            c.weight
+        } else {
+            step.checked_sub(1).and_then(|i| self.settings.weights.get(i)).copied().unwrap_or(0)
+        };
         c.replicas = wanted;
         c.stable_replicas = if autoscaled { self.total } else { stable_count };
         self.status.canary = Some(c);
@@ -181,7 +216,9 @@ impl Planner<'_> {
         let r = readiness(self.input.observed.stable, &self.target, self.total);
         if r.complete && !paused_by_user(self.app) {
             let outcome = self.promoted();
-            return (stable, None, outcome);
+            // A routed canary's pods drain: the route sends them nothing from this plan on.
+            let draining = self.draining();
+            return (stable, draining, outcome);
         }
         let user_paused = paused_by_user(self.app);
         let held = match self.stable_rolling_in(stable_version, &c.step_started_at, r, user_paused) {
@@ -190,6 +227,8 @@ impl Planner<'_> {
         };
         let keep = c.replicas.max(1);
         let canary = deployment(self.app, self.input.id, &self.shape(Track::Canary, &target, Some(keep), false));
+        // A routed canary keeps the last step's share while the stable Deployment rolls.
+        self.route_weight = self.settings.weights.last().copied().unwrap_or(0);
         c.weight = 100;
         c.replicas = keep;
         c.stable_replicas = self.total;

@@ -31,12 +31,15 @@ use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED, DEFAULT_SCALE_DO
 use crate::api::template::{PodTemplate, is_template_of, revision};
 use crate::api::{
     AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
-    RolloutProgress, RolloutRecord, RolloutResult, StrategyType,
+    RolloutProgress, RolloutRecord, RolloutResult, StrategyType, TrafficRoutingStatus,
 };
 use crate::app::desired::{AppIdentity, DeploymentShape, deployment, template_from_running};
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_FAILURE_LIMIT: i32 = 2;
+/// How long the new version's pods stay after they stopped taking requests in one write (a
+/// blue-green App's Service moved off them, a routed canary's weight set to 0).
+pub const DRAIN: Duration = Duration::from_secs(10);
 use crate::api::conditions::{PROGRESSING, READY};
 
 /// The App's rollout settings, read once, with defaults applied.
@@ -55,6 +58,8 @@ pub struct Settings {
     pub history_limit: usize,
     /// Set for the BlueGreen strategy.
     pub blue_green: Option<BlueGreenSettings>,
+    /// The HTTPRoute that splits a canary's traffic by weight (`trafficRouting.gatewayAPI`).
+    pub route: Option<String>,
 }
 
 /// A blue-green rollout's settings, with defaults applied.
@@ -95,8 +100,10 @@ impl Settings {
             }
             _ => None,
         };
+        let route = spec.http_route().filter(|_| canary).map(str::to_string);
         Ok(Self {
             blue_green,
+            route,
             canary,
             weights: steps.iter().map(|s| s.weight).collect(),
             pauses,
@@ -169,6 +176,9 @@ pub struct Observed<'a> {
     pub stable: Option<&'a Deployment>,
     pub canary: Option<&'a Deployment>,
     pub hpa: Option<&'a HorizontalPodAutoscaler>,
+    /// The HTTPRoute of a canary routed through Gateway API: usable, or why not (`None`: not
+    /// read, or the App has none).
+    pub route: Option<Result<(), String>>,
 }
 
 /// Everything the planner reads.
@@ -198,6 +208,9 @@ pub struct Plan {
     pub active: Option<Track>,
     /// The preview Service of a blue-green rollout must exist.
     pub preview: bool,
+    /// The share of requests, in percent, the App's HTTPRoute sends to the canary (`None`: the
+    /// App's traffic is not split by a route, or the route cannot be used).
+    pub route_weight: Option<i32>,
 }
 
 /// The two Deployments the App should have (`None`: no canary) and where it stands.
@@ -224,6 +237,8 @@ struct Planner<'a> {
     target: String,
     active: Option<Track>,
     preview: bool,
+    /// The canary's share of the route's requests (a routed canary).
+    route_weight: i32,
 }
 
 /// Plans one reconcile of `input.app`.
@@ -247,6 +262,7 @@ pub fn plan(input: &Input) -> Result<Plan, DurationError> {
         now: input.now,
         active: settings_blue_green.then_some(Track::Stable),
         preview: false,
+        route_weight: 0,
     };
     let request = pending_request(app);
     let verb = match &request {
@@ -531,7 +547,7 @@ impl Planner<'_> {
             // Both tracks serve (a blue-green App's Service too) while the canary is kept.
             self.active = None;
         }
-        let canary = kept.map(|(canary, _)| canary).or_else(|| self.preview_draining());
+        let canary = kept.map(|(canary, _)| canary).or_else(|| self.draining());
         (stable, canary, outcome)
     }
 
@@ -580,7 +596,7 @@ impl Planner<'_> {
             // Both tracks serve (a blue-green App's Service too) while the canary is kept.
             self.active = None;
         }
-        let canary = kept.map(|(canary, _)| canary).or_else(|| self.preview_draining());
+        let canary = kept.map(|(canary, _)| canary).or_else(|| self.draining());
         (stable, canary, outcome)
     }
 
@@ -610,6 +626,30 @@ impl Planner<'_> {
         }
         self.look_again_in((self.settings.deadline - waited).min(Duration::from_secs(30)));
         Some((canary.clone(), r))
+    }
+
+    /// After the new version's pods stopped taking requests in one write (a blue-green App's
+    /// Service moved off the preview, a routed canary's weight went to 0: a promotion, a
+    /// rollback, a revert), its Deployment as it is for `DRAIN` after the rollout ended, so
+    /// that proxies and clients still holding its endpoints finish with them instead of
+    /// meeting terminating pods. A replica-weighted canary's pods are taken out of the
+    /// Service's endpoints by their own termination, so it goes at once.
+    fn draining(&mut self) -> Option<Deployment> {
+        if self.settings.blue_green.is_none() && self.settings.route.is_none() {
+            return None;
+        }
+        let canary = self.input.observed.canary?;
+        let last = self.status.history.first()?;
+        let ended =
+            matches!(last.result, RolloutResult::Promoted | RolloutResult::RolledBack | RolloutResult::Reverted);
+        let waited = elapsed(&last.at, self.now);
+        // A record from the future (a writer's clock ahead) does not hold the pods.
+        let future = last.at.0.as_millisecond() > self.now.as_millisecond();
+        if !ended || future || waited >= DRAIN {
+            return None;
+        }
+        self.look_again_in(DRAIN - waited);
+        Some(canary.clone())
     }
 
     /// Rolls the failed rollout back (always: also what a user's abort asks for).
@@ -811,6 +851,7 @@ impl Planner<'_> {
     /// Turns the decision into the status to write.
     fn finish(mut self, stable: Deployment, canary: Option<Deployment>, outcome: Outcome) -> Plan {
         let app = self.app;
+        let route_weight = self.routed();
         let observed_generation = app.metadata.generation;
         let stable_ready = ready_replicas(self.input.observed.stable);
         let canary_ready = ready_replicas(self.input.observed.canary);
@@ -851,6 +892,36 @@ impl Planner<'_> {
             analysis_due: self.analysis_due,
             active: self.active,
             preview: self.preview,
+            route_weight,
+        }
+    }
+
+    /// A routed canary's route in status, and the weight to set on it (`None`: no route, or
+    /// one that cannot be used). Its Service `<app>` then selects the stable pods only: the
+    /// canary's pods take requests through the route alone, at the weight of the step.
+    fn routed(&mut self) -> Option<i32> {
+        let Some(http_route) = self.settings.route.clone() else {
+            self.status.traffic_routing = None;
+            return None;
+        };
+        self.active = Some(Track::Stable);
+        let problem = self.route_problem();
+        let before = self.app.status.as_ref().and_then(|s| s.traffic_routing.as_ref()).and_then(|t| t.problem.clone());
+        if let Some(why) = problem.as_ref().filter(|why| before.as_ref() != Some(*why)) {
+            self.note(true, "RouteNotUsable", why.clone());
+        }
+        self.status.traffic_routing =
+            Some(TrafficRoutingStatus { http_route, canary_weight: self.route_weight, problem: problem.clone() });
+        problem.is_none().then_some(self.route_weight)
+    }
+
+    /// Why a routed canary's HTTPRoute cannot be used now, if it cannot.
+    fn route_problem(&self) -> Option<String> {
+        let name = self.settings.route.as_ref()?;
+        match &self.input.observed.route {
+            Some(Ok(())) => None,
+            Some(Err(why)) => Some(why.clone()),
+            None => Some(format!("HTTPRoute {name} was not read")),
         }
     }
 }

@@ -23,7 +23,7 @@ fn canary_app(replicas: i32, weights: &[i32], analysis: bool) -> App {
                 strategy: Some(Strategy {
                     type_: StrategyType::Canary,
                     rolling: None,
-                    canary: Some(CanaryStrategy { steps }),
+                    canary: Some(CanaryStrategy { steps, traffic_routing: None }),
                     blue_green: None,
                 }),
                 analysis: analysis.then(|| Analysis {
@@ -100,12 +100,15 @@ struct Run<'a> {
     stable: Option<Deployment>,
     canary: Option<Deployment>,
     measurements: Option<Vec<Measurement>>,
+    route: Option<Result<(), String>>,
     app: &'a App,
 }
 
 impl<'a> Run<'a> {
     fn new(app: &'a App) -> Self {
-        Self { stable: None, canary: None, measurements: None, app }
+        // A routed App's route is usable unless a test says otherwise.
+        let route = app.spec.http_route().map(|_| Ok(()));
+        Self { stable: None, canary: None, measurements: None, route, app }
     }
     fn stable(mut self, version: &str, replicas: i32, ready: i32) -> Self {
         self.stable = Some(observed(self.app, Track::Stable, version, replicas, ready));
@@ -120,6 +123,10 @@ impl<'a> Run<'a> {
         self.canary = Some(observed(self.app, Track::Canary, version, replicas, ready));
         self
     }
+    fn route(mut self, route: Result<(), String>) -> Self {
+        self.route = Some(route);
+        self
+    }
     fn measured(mut self, m: Vec<Measurement>) -> Self {
         self.measurements = Some(m);
         self
@@ -129,7 +136,12 @@ impl<'a> Run<'a> {
         let input = Input {
             app: self.app,
             id: &id,
-            observed: Observed { stable: self.stable.as_ref(), canary: self.canary.as_ref(), hpa: None },
+            observed: Observed {
+                stable: self.stable.as_ref(),
+                canary: self.canary.as_ref(),
+                hpa: None,
+                route: self.route.clone(),
+            },
             measurements: self.measurements.as_deref(),
             now: at(second),
         };
@@ -507,7 +519,7 @@ fn the_stable_pod_template_is_kept_during_a_canary() {
     let input = Input {
         app: &changed,
         id: &id,
-        observed: Observed { stable: Some(&stable), canary: None, hpa: None },
+        observed: Observed { stable: Some(&stable), canary: None, hpa: None, route: None },
         measurements: None,
         now: at(0),
     };
@@ -882,6 +894,10 @@ fn a_lost_status_keeps_the_running_template_for_a_rollback() {
     assert_eq!(image(&plan.stable), "example.com/web:2");
 }
 
+#[path = "route_tests.rs"]
+mod route_tests;
+
+#[cfg(test)]
 #[path = "bluegreen_tests.rs"]
 mod bluegreen;
 

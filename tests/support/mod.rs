@@ -336,6 +336,22 @@ pub fn install_operator_rbac() {
     });
 }
 
+/// The Gateway API standard-channel CRDs (HTTPRoute), from the Go module that ships them
+/// (hack/gateway-api.sh). Once per test binary.
+pub fn install_gateway_api() {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let out = std::process::Command::new("bash")
+            .arg(repo_root().join("hack/gateway-api.sh"))
+            .arg("install")
+            .arg(kubeconfig())
+            .output()
+            .expect("running hack/gateway-api.sh");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "installing the Gateway API CRDs failed (needs Go and its module proxy): {text}");
+    });
+}
+
 /// A kubeconfig that authenticates as the operator's ServiceAccount the way a replica in a
 /// Pod does: with a token bound to a Pod named `replica` (the replica's id), so that the
 /// apiserver's shard fence (rbac/shard-fence.yaml) knows which replica sends each request.

@@ -1,0 +1,297 @@
+//! A canary's Gateway API HTTPRoute (`spec.rollout.strategy.canary.trafficRouting`): whether
+//! it sends the App's requests to the App's two Services, and the JSON patch that sets only
+//! their two weights.
+//!
+//! The route is the tenant's: Flotilla never creates, deletes or rewrites it. Its `rules` and
+//! each rule's `backendRefs` are atomic lists in the Gateway API schema, so a server-side
+//! apply of two weights would take ownership of (and overwrite) every rule; a JSON patch
+//! instead replaces the two weights at their paths, after `test` operations that check each
+//! path still names the Service it names now. Any other edit between the read and the patch
+//! (a rule moved, a backend renamed) makes the patch fail, and the next look starts over.
+
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use super::desired::Difference;
+use super::error::ReconcileError;
+use crate::api::names;
+
+/// The field manager of the weights Flotilla sets on a route.
+pub const ROUTE_FIELD_MANAGER: &str = "flotilla-route-weights";
+
+/// gateway.networking.k8s.io/v1 HTTPRoute, read as a dynamic object (only two weights of it
+/// are ever written, and no Gateway API types are needed for that).
+pub fn http_route_resource() -> ApiResource {
+    ApiResource {
+        group: "gateway.networking.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "gateway.networking.k8s.io/v1".into(),
+        kind: "HTTPRoute".into(),
+        plural: "httproutes".into(),
+    }
+}
+
+/// One rule of the route that sends requests to the App: where its two backendRefs are, and
+/// their weights now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RulePair {
+    pub rule: usize,
+    pub stable: usize,
+    pub canary: usize,
+    pub stable_weight: i64,
+    pub canary_weight: i64,
+}
+
+/// The route as read for one reconcile: the rules that send to the App, or why it cannot be used.
+#[derive(Clone, Debug)]
+pub struct ObservedRoute {
+    pub name: String,
+    pub pairs: Result<Vec<RulePair>, String>,
+}
+
+impl ObservedRoute {
+    /// What the planner needs to know: usable, or why not.
+    pub fn check(&self) -> Result<(), String> {
+        self.pairs.as_ref().map(|_| ()).map_err(Clone::clone)
+    }
+}
+
+/// Whether `backend` is a reference to the Service `name` of `namespace`.
+fn names_service(backend: &Value, namespace: &str) -> Option<String> {
+    let kind = backend.get("kind").and_then(Value::as_str).unwrap_or("Service");
+    let group = backend.get("group").and_then(Value::as_str).unwrap_or("");
+    let ns = backend.get("namespace").and_then(Value::as_str).unwrap_or(namespace);
+    (kind == "Service" && group.is_empty() && ns == namespace)
+        .then(|| backend.get("name").and_then(Value::as_str).unwrap_or_default().to_string())
+}
+
+fn describe(backend: &Value) -> String {
+    let name = backend.get("name").and_then(Value::as_str).unwrap_or("?");
+    match backend.get("namespace").and_then(Value::as_str) {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// The rules of `route` (an HTTPRoute's JSON) that send to App `app`'s Services, each naming
+/// exactly the two (`<app>`, the stable version, and `<app>-canary`): with a third backend the
+/// canary's share would not be the step's weight. At least one such rule must exist.
+pub fn rule_pairs(route: &Value, namespace: &str, app: &str) -> Result<Vec<RulePair>, String> {
+    let route_name = route.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let stable = names::service_name(app);
+    let canary = names::canary_service_name(app);
+    let rules = route.pointer("/spec/rules").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let mut pairs = Vec::new();
+    for (i, rule) in rules.iter().enumerate() {
+        let backends = rule.get("backendRefs").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        let ours = |want: &str| {
+            backends
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| names_service(b, namespace).as_deref() == Some(want))
+                .collect::<Vec<_>>()
+        };
+        let (s, c) = (ours(&stable), ours(&canary));
+        if s.is_empty() && c.is_empty() {
+            continue;
+        }
+        let listed = backends.iter().map(describe).collect::<Vec<_>>().join(", ");
+        match (s.as_slice(), c.as_slice()) {
+            ([(si, sb)], [(ci, cb)]) if backends.len() == 2 => {
+                let weight = |b: &Value| b.get("weight").and_then(Value::as_i64).unwrap_or(1);
+                pairs.push(RulePair {
+                    rule: i,
+                    stable: *si,
+                    canary: *ci,
+                    stable_weight: weight(sb),
+                    canary_weight: weight(cb),
+                });
+            }
+            _ => {
+                return Err(format!(
+                    "rule {} of HTTPRoute {route_name} must name exactly two backendRefs, the Services {stable} and {canary}; it names {listed}",
+                    i + 1
+                ));
+            }
+        }
+    }
+    if pairs.is_empty() {
+        return Err(format!(
+            "HTTPRoute {route_name} has no rule that sends requests to the Services {stable} and {canary}: add their two backendRefs to the rule that serves the App"
+        ));
+    }
+    Ok(pairs)
+}
+
+/// The JSON patch that gives the canary `canary_weight` percent of each rule (the stable
+/// Service the rest), with a `test` of every backend's name first; `None` when the weights
+/// already are so. With the differences, for the Event that reports them.
+pub fn weight_patch(pairs: &[RulePair], app: &str, canary_weight: i32) -> Option<(Value, Vec<Difference>)> {
+    let canary_weight = i64::from(canary_weight.clamp(0, 100));
+    let stable_weight = 100 - canary_weight;
+    let mut ops = Vec::new();
+    let mut diffs = Vec::new();
+    for p in pairs.iter().filter(|p| p.stable_weight != stable_weight || p.canary_weight != canary_weight) {
+        let at = |i: usize| format!("/spec/rules/{}/backendRefs/{i}", p.rule);
+        ops.push(json!({"op": "test", "path": format!("{}/name", at(p.stable)), "value": names::service_name(app)}));
+        ops.push(
+            json!({"op": "test", "path": format!("{}/name", at(p.canary)), "value": names::canary_service_name(app)}),
+        );
+        ops.push(json!({"op": "add", "path": format!("{}/weight", at(p.stable)), "value": stable_weight}));
+        ops.push(json!({"op": "add", "path": format!("{}/weight", at(p.canary)), "value": canary_weight}));
+        diffs.push(Difference {
+            field: "backendRefs weights (stable/canary)",
+            observed: format!("{}/{} in rule {}", p.stable_weight, p.canary_weight, p.rule + 1),
+            desired: format!("{stable_weight}/{canary_weight}"),
+        });
+    }
+    (!ops.is_empty()).then_some((Value::Array(ops), diffs))
+}
+
+/// Reads the HTTPRoute `name` of `namespace`. A route that does not exist (or a cluster without
+/// the Gateway API) and a refusal to read it are reported as why the route cannot be used; other
+/// errors end the reconcile, to be retried.
+pub async fn observe(
+    client: &kube::Client,
+    namespace: &str,
+    app: &str,
+    name: &str,
+) -> Result<ObservedRoute, ReconcileError> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &http_route_resource());
+    let found = match api.get_opt(name).await {
+        Ok(found) => found,
+        Err(kube::Error::Api(s)) if s.code == 404 => None,
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            let why = format!("the operator may not read HTTPRoute {name} in namespace {namespace}: {}", s.message);
+            return Ok(ObservedRoute { name: name.to_string(), pairs: Err(why) });
+        }
+        Err(source) => {
+            return Err(ReconcileError::Read {
+                kind: "HTTPRoute",
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                source,
+            });
+        }
+    };
+    let pairs = match found {
+        None => Err(format!(
+            "HTTPRoute {name} does not exist in namespace {namespace} (Flotilla never creates it; is the Gateway API installed?)"
+        )),
+        Some(route) => match serde_json::to_value(&route) {
+            Ok(value) => rule_pairs(&value, namespace, app),
+            Err(e) => Err(format!("HTTPRoute {name} cannot be read: {e}")),
+        },
+    };
+    Ok(ObservedRoute { name: name.to_string(), pairs })
+}
+
+/// Sets the two weights of every rule of `route` that sends to the App, when they differ.
+pub async fn set_weights(
+    client: &kube::Client,
+    namespace: &str,
+    route: &ObservedRoute,
+    patch: &Value,
+) -> Result<(), ReconcileError> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &http_route_resource());
+    let params = PatchParams { field_manager: Some(ROUTE_FIELD_MANAGER.into()), ..PatchParams::default() };
+    let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| ReconcileError::Apply {
+        kind: "HTTPRoute",
+        namespace: namespace.to_string(),
+        name: route.name.clone(),
+        source: kube::Error::SerdeError(e),
+    })?;
+    api.patch(&route.name, &params, &Patch::<()>::Json(ops)).await.map(|_| ()).map_err(|source| ReconcileError::Apply {
+        kind: "HTTPRoute",
+        namespace: namespace.to_string(),
+        name: route.name.clone(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(rules: Value) -> Value {
+        json!({"metadata": {"name": "shop"}, "spec": {"parentRefs": [{"name": "gw"}], "rules": rules}})
+    }
+
+    #[test]
+    fn a_rule_naming_both_services_is_used_and_others_are_left_alone() {
+        let r = route(json!([
+            {"matches": [{"path": {"value": "/admin"}}], "backendRefs": [{"name": "admin", "port": 80}]},
+            {"backendRefs": [{"name": "web-canary", "port": 80, "weight": 0}, {"name": "web", "port": 80, "weight": 100}]},
+        ]));
+        let pairs = rule_pairs(&r, "ns", "web").expect("usable");
+        assert_eq!(pairs, [RulePair { rule: 1, stable: 1, canary: 0, stable_weight: 100, canary_weight: 0 }]);
+        let (patch, diffs) = weight_patch(&pairs, "web", 20).expect("weights differ");
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/spec/rules/1/backendRefs/1/name", "value": "web"},
+                {"op": "test", "path": "/spec/rules/1/backendRefs/0/name", "value": "web-canary"},
+                {"op": "add", "path": "/spec/rules/1/backendRefs/1/weight", "value": 80},
+                {"op": "add", "path": "/spec/rules/1/backendRefs/0/weight", "value": 20},
+            ])
+        );
+        assert_eq!(diffs.len(), 1);
+        assert!(
+            weight_patch(&[RulePair { stable_weight: 80, canary_weight: 20, ..pairs[0].clone() }], "web", 20).is_none()
+        );
+    }
+
+    #[test]
+    fn the_patch_applies_to_the_route_and_changes_nothing_else() {
+        let mut r = route(json!([
+            {"filters": [{"type": "RequestHeaderModifier"}], "backendRefs": [{"name": "web", "port": 80}, {"name": "web-canary", "port": 80}]},
+        ]));
+        let before = r.clone();
+        let pairs = rule_pairs(&r, "ns", "web").expect("usable");
+        // A missing weight counts as the API's default, 1.
+        assert_eq!((pairs[0].stable_weight, pairs[0].canary_weight), (1, 1));
+        let (patch, _) = weight_patch(&pairs, "web", 5).expect("weights differ");
+        let ops: json_patch::Patch = serde_json::from_value(patch).expect("a JSON patch");
+        json_patch::patch(&mut r, &ops).expect("applies");
+        assert_eq!(r["spec"]["rules"][0]["backendRefs"][0]["weight"], 95);
+        assert_eq!(r["spec"]["rules"][0]["backendRefs"][1]["weight"], 5);
+        r["spec"]["rules"][0]["backendRefs"][0].as_object_mut().map(|b| b.remove("weight"));
+        r["spec"]["rules"][0]["backendRefs"][1].as_object_mut().map(|b| b.remove("weight"));
+        assert_eq!(r, before);
+    }
+
+    #[test]
+    fn a_route_that_does_not_send_exactly_to_the_two_services_is_refused() {
+        let cases = [
+            (json!([{"backendRefs": [{"name": "other"}]}]), "has no rule that sends requests"),
+            (json!([]), "has no rule"),
+            (json!([{"backendRefs": [{"name": "web"}]}]), "must name exactly two backendRefs"),
+            (
+                json!([{"backendRefs": [{"name": "web"}, {"name": "web-canary"}, {"name": "other"}]}]),
+                "it names web, web-canary, other",
+            ),
+            (json!([{"backendRefs": [{"name": "web"}, {"name": "web"}]}]), "must name exactly"),
+            // Another namespace's Services of the same names are not the App's.
+            (
+                json!([{"backendRefs": [{"name": "web", "namespace": "other"}, {"name": "web-canary", "namespace": "other"}]}]),
+                "has no rule",
+            ),
+            (
+                json!([{"backendRefs": [{"name": "web"}, {"name": "web-canary", "namespace": "other"}]}]),
+                "other/web-canary",
+            ),
+            // A ServiceImport of that name is not the Service.
+            (
+                json!([{"backendRefs": [{"name": "web"}, {"name": "web-canary", "kind": "ServiceImport", "group": "multicluster.x-k8s.io"}]}]),
+                "must name exactly",
+            ),
+        ];
+        for (rules, want) in cases {
+            let err = rule_pairs(&route(rules.clone()), "ns", "web").expect_err(&rules.to_string());
+            assert!(err.contains(want), "{rules}: {err}");
+        }
+        // The namespace spelled out is the App's own: fine.
+        let ok = json!([{"backendRefs": [{"name": "web", "namespace": "ns"}, {"name": "web-canary", "namespace": "ns", "kind": "Service", "group": ""}]}]);
+        assert!(rule_pairs(&route(ok), "ns", "web").is_ok());
+    }
+}
