@@ -41,6 +41,9 @@ pub fn render_status(app: &App, now: Timestamp) -> String {
     if let Some(b) = &status.blue_green {
         out.field("BlueGreen", &blue_green(&app.name_any(), b, now));
     }
+    if let Some(t) = &status.traffic_routing {
+        out.field("Route", &route(&app.name_any(), t));
+    }
     if let Some(r) = &status.rollout {
         out.field("Rollout", &rollout(r, now));
     }
@@ -225,6 +228,17 @@ fn canary(c: &CanaryStatus, now: Timestamp) -> String {
 }
 
 /// `switched: the Service selects the new version (4 replicas), began 12s ago`.
+/// A routed canary's HTTPRoute: the split it carries, or why it cannot be used.
+fn route(app: &str, t: &crate::api::TrafficRoutingStatus) -> String {
+    let canary = crate::api::names::canary_service_name(app);
+    match &t.problem {
+        Some(why) => format!("HTTPRoute {}: not usable, the rollout waits: {why}", t.http_route),
+        None => {
+            format!("HTTPRoute {}: {}% to {app}, {}% to {canary}", t.http_route, 100 - t.canary_weight, t.canary_weight)
+        }
+    }
+}
+
 fn blue_green(app: &str, b: &BlueGreenStatus, now: Timestamp) -> String {
     let stage = match b.stage {
         BlueGreenStage::Preview => format!("preview behind {}", crate::api::names::preview_service_name(app)),
@@ -565,6 +579,22 @@ History:
         let text = render_status(&a, now());
         assert!(
             text.contains("Canary:      promoting after 3/3 steps at 100% (canary 4 replicas, stable 0)\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_routed_canary_shows_its_split_or_why_it_waits() {
+        let mut a = canary_mid_step();
+        let routed = crate::api::TrafficRoutingStatus { http_route: "shop".into(), canary_weight: 5, problem: None };
+        a.status.as_mut().expect("status").traffic_routing = Some(routed.clone());
+        let text = render_status(&a, now());
+        assert!(text.contains("Route:       HTTPRoute shop: 95% to checkout, 5% to checkout-canary\n"), "{text}");
+        let missing = crate::api::TrafficRoutingStatus { problem: Some("it does not exist".into()), ..routed };
+        a.status.as_mut().expect("status").traffic_routing = Some(missing);
+        let text = render_status(&a, now());
+        assert!(
+            text.contains("Route:       HTTPRoute shop: not usable, the rollout waits: it does not exist\n"),
             "{text}"
         );
     }
