@@ -7,7 +7,10 @@
 //! the apiserver can price those rules. The apiserver validates the rest of the pod when it
 //! validates the Deployment the operator writes.
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
+
+use super::names;
 use kube::KubeSchema;
 use schemars::{Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
@@ -153,6 +156,35 @@ fn lean(schema: &mut Value) {
             subs.iter_mut().for_each(lean);
         }
     }
+}
+
+/// The App-level template a running Deployment was rendered from, as near as it can be read
+/// back: its pod template without Flotilla's labels and annotations and without the main
+/// container's image. Rendering it again gives the same pods. Used when status lost the
+/// stable revision's template and the Deployment is the only record of it.
+pub fn template_from_running(d: &Deployment) -> Option<PodTemplate> {
+    let running = &d.spec.as_ref()?.template;
+    let mut spec = running.spec.clone()?;
+    if let Some(i) = main_container(&spec.containers) {
+        spec.containers[i].image = None;
+    }
+    let ours = |k: &String| {
+        [names::LABEL_NAME, names::LABEL_VERSION, names::LABEL_MANAGED_BY].contains(&k.as_str())
+            || k.starts_with("flotilla.dev/")
+    };
+    let meta = running.metadata.as_ref();
+    let keep = |m: Option<&BTreeMap<String, String>>| {
+        let kept: BTreeMap<String, String> =
+            m.into_iter().flatten().filter(|(k, _)| !ours(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        (!kept.is_empty()).then_some(kept)
+    };
+    Some(PodTemplate {
+        metadata: Some(TemplateMetadata {
+            labels: keep(meta.and_then(|m| m.labels.as_ref())),
+            annotations: keep(meta.and_then(|m| m.annotations.as_ref())),
+        }),
+        spec: Some(spec),
+    })
 }
 
 #[cfg(test)]

@@ -16,6 +16,8 @@ use std::collections::BTreeMap;
 use crate::api::names::{self, Track};
 use crate::api::template::{PodTemplate, main_container, version_of};
 use crate::api::{App, Strategy};
+use crate::rollout::replicas::revision_of;
+pub use crate::rollout::workload::{DeploymentShape, Workload};
 
 /// Default target of the autoscaler when the App names none.
 pub const DEFAULT_TARGET_CPU_PERCENT: i32 = 80;
@@ -56,18 +58,32 @@ impl AppIdentity {
     }
 }
 
-/// What the planner wants of one of the App's Deployments.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DeploymentShape {
-    pub track: Track,
-    /// The revision to run: a version, with the template's fingerprint when the App has one.
-    pub version: String,
-    /// The App-level template of that revision.
-    pub template: Option<PodTemplate>,
-    /// `None` leaves the count to the autoscaler.
-    pub replicas: Option<i32>,
-    /// A paused Deployment does not roll its pods (a paused rolling update).
-    pub paused: bool,
+/// The Deployment a plan's `workload` asks for, beside the `observed` one: rendered from the
+/// spec (keeping the running pods' template when the shape says so and the observed
+/// Deployment runs that revision), or the observed one as it is. `None`: nothing to have.
+pub fn render(app: &App, id: &AppIdentity, workload: &Workload, observed: Option<&Deployment>) -> Option<Deployment> {
+    let shape = match workload {
+        Workload::AsObserved => return observed.cloned(),
+        Workload::Shape(shape) => shape,
+    };
+    let mut d = deployment(app, id, shape);
+    if shape.keep_running_pods
+        && let Some(observed) = observed
+        && revision_of(observed) == Some(shape.version.as_str())
+        && let (Some(spec), Some(have)) = (d.spec.as_mut(), observed.spec.as_ref())
+    {
+        spec.template = have.template.clone();
+        // With the template, its fingerprint: the one the observed pods were made from.
+        // The revision annotation stays (it is the version): without it the Deployment
+        // would no longer read as the stable revision and be re-rendered at the next look.
+        let kept = observed.metadata.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_TEMPLATE_HASH));
+        let annotations = d.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        match kept {
+            Some(h) => annotations.insert(names::ANNOTATION_TEMPLATE_HASH.to_string(), h.clone()),
+            None => annotations.remove(names::ANNOTATION_TEMPLATE_HASH),
+        };
+    }
+    Some(d)
 }
 
 /// A Deployment of the App: the image at `shape.version`, the pod settings of the spec, and
@@ -109,35 +125,6 @@ pub fn deployment(app: &App, id: &AppIdentity, shape: &DeploymentShape) -> Deplo
         }),
         status: None,
     }
-}
-
-/// The App-level template a running Deployment was rendered from, as near as it can be read
-/// back: its pod template without Flotilla's labels and annotations and without the main
-/// container's image. Rendering it again gives the same pods. Used when status lost the
-/// stable revision's template and the Deployment is the only record of it.
-pub fn template_from_running(d: &Deployment) -> Option<PodTemplate> {
-    let running = &d.spec.as_ref()?.template;
-    let mut spec = running.spec.clone()?;
-    if let Some(i) = main_container(&spec.containers) {
-        spec.containers[i].image = None;
-    }
-    let ours = |k: &String| {
-        [names::LABEL_NAME, names::LABEL_VERSION, names::LABEL_MANAGED_BY].contains(&k.as_str())
-            || k.starts_with("flotilla.dev/")
-    };
-    let meta = running.metadata.as_ref();
-    let keep = |m: Option<&BTreeMap<String, String>>| {
-        let kept: BTreeMap<String, String> =
-            m.into_iter().flatten().filter(|(k, _)| !ours(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
-        (!kept.is_empty()).then_some(kept)
-    };
-    Some(PodTemplate {
-        metadata: Some(crate::api::TemplateMetadata {
-            labels: keep(meta.and_then(|m| m.labels.as_ref())),
-            annotations: keep(meta.and_then(|m| m.annotations.as_ref())),
-        }),
-        spec: Some(spec),
-    })
 }
 
 /// The pods of one of the App's Deployments: `template` (the App's, or the stable revision's) with Flotilla's
@@ -537,6 +524,7 @@ mod tests {
             template: app.spec.template.clone(),
             replicas: fixed_replicas(app),
             paused: false,
+            keep_running_pods: false,
         };
         deployment(app, id, &shape)
     }
@@ -726,7 +714,7 @@ mod tests {
     fn a_running_template_read_back_renders_the_same_pods() {
         let (app, id) = templated("app");
         let running = desired_deployment(&app, &id);
-        let read = template_from_running(&running).expect("template");
+        let read = crate::api::template::template_from_running(&running).expect("template");
         let mut again = app.clone();
         again.spec.template = Some(read.clone());
         let rendered = desired_deployment(&again, &id);

@@ -20,7 +20,7 @@ use super::config;
 use super::context::Context;
 use super::desired::{
     AppIdentity, Difference, deployment_differences, desired_canary_service, desired_hpa, desired_preview_service,
-    desired_service, hpa_differences, owned_by, service_differences,
+    desired_service, hpa_differences, owned_by, render, service_differences,
 };
 use super::error::{ReconcileError, retry_delay};
 use super::first_deployment::{is_first_deployment, status_deferral};
@@ -199,7 +199,7 @@ async fn reconcile_app(
     let invalid = |source| ReconcileError::InvalidSettings { namespace: namespace.clone(), name: name.clone(), source };
 
     // Decide: the planner, and once more with measurements when it asks for them.
-    let input = Input { app: &app, id: &id, observed, measurements: None, now };
+    let input = Input { app: &app, observed, measurements: None, now };
     let mut plan = planner::plan(&input).map_err(invalid)?;
     let measurements;
     if plan.analysis_due {
@@ -244,11 +244,14 @@ async fn reconcile_app(
     let mut failure: Option<ReconcileError> = None;
     let mut changes = Changes::default();
     let mut to_delete = None;
+    // The plan's Deployments, rendered from the spec beside the observed ones.
+    let stable_wanted = render(&app, &id, &plan.stable, stable.as_deref());
+    let canary_wanted = plan.canary.as_ref().and_then(|w| render(&app, &id, w, canary.as_deref()));
     let wanted =
-        [(Some(&plan.stable), stable.as_deref(), stable_cached.is_some(), names::stable_deployment_name(&name))]
+        [(stable_wanted.as_ref(), stable.as_deref(), stable_cached.is_some(), names::stable_deployment_name(&name))]
             .into_iter()
             .chain([(
-                plan.canary.as_ref(),
+                canary_wanted.as_ref(),
                 canary.as_deref(),
                 canary_cached.is_some(),
                 names::canary_deployment_name(&name),

@@ -55,7 +55,7 @@ impl Planner<'_> {
         let target = self.target.clone();
         let total = bg.replicas;
         let user_paused = paused_by_user(self.app);
-        let preview_name = names::preview_service_name(&self.input.id.name);
+        let preview_name = names::preview_service_name(self.name());
         let cr = readiness(self.input.observed.canary, &target, total);
         let waited = self.unavailable_for(&mut bg.unavailable_since, cr.complete);
         let stop = if user_paused || !cr.complete { self.held_analysis() } else { self.analyse(true) };
@@ -145,7 +145,7 @@ impl Planner<'_> {
     fn switch(&mut self, stable_version: &str, mut bg: BlueGreenStatus, by_user: bool) -> Planned {
         let target = self.target.clone();
         let delay = self.blue_green_settings().scale_down_delay;
-        let service = names::service_name(&self.input.id.name);
+        let service = names::service_name(self.name());
         let who = if by_user { "a user promoted it" } else { "its checks pass" };
         self.note(
             false,
@@ -182,7 +182,7 @@ impl Planner<'_> {
         let cr = readiness(self.input.observed.canary, &target, total);
         let was_complete = bg.unavailable_since.is_none();
         let waited = self.unavailable_for(&mut bg.unavailable_since, cr.complete);
-        let service = names::service_name(&self.input.id.name);
+        let service = names::service_name(self.name());
         // The new version lost pods after the switch: the old one, still all there, serves
         // again at once, and the new one again once it is back (the deadline counts meanwhile).
         if was_complete && !cr.complete {
@@ -300,7 +300,7 @@ impl Planner<'_> {
                 r.ready, r.want
             ),
         });
-        let canary = self.preview_deployment(bg.replicas);
+        let canary = self.canary_of(bg.replicas);
         // The preview pods serve while the stable Deployment rolls; should they be short,
         // both tracks do (both run or move to the new version) rather than too few pods.
         let complete = readiness(self.input.observed.canary, &target, bg.replicas).complete;
@@ -310,17 +310,12 @@ impl Planner<'_> {
         (stable, Some(canary), outcome)
     }
 
-    fn preview_deployment(&self, replicas: i32) -> Deployment {
-        let shape = self.shape(Track::Canary, &self.target.clone(), Some(replicas), false);
-        deployment(self.app, self.input.id, &shape)
-    }
-
     /// The objects of the Preview and Switched stages: the stable Deployment untouched at full
     /// size, the new version at full size beside it, and the Service on the stage's track:
     /// after the switch, the new version's while all its pods are available, else the old one's.
     fn blue_green_objects(&mut self, stable_version: &str, bg: BlueGreenStatus, outcome: Outcome) -> Planned {
         let stable = self.stable_kept(stable_version, fixed_replicas(self.app));
-        let canary = self.preview_deployment(bg.replicas);
+        let canary = self.canary_of(bg.replicas);
         let serving = readiness(self.input.observed.canary, &self.target, bg.replicas).complete;
         self.active = Some(match bg.stage {
             BlueGreenStage::Switched | BlueGreenStage::Promoting if serving => Track::Canary,

@@ -54,7 +54,7 @@ impl Planner<'_> {
         }
         let available_for = c.available_since.as_ref().map_or(Duration::ZERO, |t| elapsed(t, self.now));
         let waited = self.unavailable_for(&mut c.unavailable_since, cr.complete);
-        let canary_name = names::canary_deployment_name(&self.input.id.name);
+        let canary_name = names::canary_deployment_name(self.name());
 
         let stop = if holding || !cr.complete { self.held_analysis() } else { self.analyse(true) };
         if let Some(AnalysisStop::Failed(why)) = &stop {
@@ -191,8 +191,7 @@ impl Planner<'_> {
             stable_count = stable_count.min(before.stable_replicas.max(1));
         }
         let stable = self.stable_kept(stable_version, (!autoscaled).then_some(stable_count));
-        let canary =
-            deployment(self.app, self.input.id, &self.shape(Track::Canary, &self.target.clone(), Some(wanted), false));
+        let canary = self.canary_of(wanted);
         let step = usize::try_from(c.step).unwrap_or(0);
         c.weight = self.settings.weights.get(step).copied().unwrap_or(100);
         // The route sends the step's share once the canary's pods for it are all available;
@@ -226,7 +225,7 @@ impl Planner<'_> {
             ControlFlow::Continue(held) => held,
         };
         let keep = c.replicas.max(1);
-        let canary = deployment(self.app, self.input.id, &self.shape(Track::Canary, &target, Some(keep), false));
+        let canary = self.canary_of(keep);
         // A routed canary keeps the last step's share while the stable Deployment rolls.
         self.route_weight = self.settings.weights.last().copied().unwrap_or(0);
         c.weight = 100;

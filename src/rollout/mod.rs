@@ -8,5 +8,6 @@ pub mod planner;
 pub mod prometheus;
 pub mod replicas;
 pub mod scope;
+pub mod workload;
 
 pub use measure::{AnalysisLimits, Analyzer, Asker, Run};

@@ -15,7 +15,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::time::Duration;
 
@@ -24,16 +23,17 @@ use super::replicas::{
     Readiness, canary_replicas, fixed_replicas, readiness, ready_replicas, replica_failure, revision_of,
     stable_replicas, total_replicas,
 };
+use super::workload::{DeploymentShape, Workload};
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::duration::{self, DurationError};
 use crate::api::names::{self, Track};
 use crate::api::rollout::{ANNOTATION_ACTION, ANNOTATION_PAUSED, DEFAULT_SCALE_DOWN_DELAY, PAUSE_UNTIL_PROMOTED};
+use crate::api::template::template_from_running;
 use crate::api::template::{PodTemplate, is_template_of, revision};
 use crate::api::{
     AnalysisStatus, App, AppPhase, AppStatus, CanaryStatus, FailedVersion, Measurement, MeasurementResult,
     RolloutProgress, RolloutRecord, RolloutResult, StrategyType, TrafficRoutingStatus,
 };
-use crate::app::desired::{AppIdentity, DeploymentShape, deployment, template_from_running};
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_FAILURE_LIMIT: i32 = 2;
@@ -185,7 +185,6 @@ pub struct Observed<'a> {
 #[derive(Clone, Debug)]
 pub struct Input<'a> {
     pub app: &'a App,
-    pub id: &'a AppIdentity,
     pub observed: Observed<'a>,
     /// The checks just run, when the previous plan asked for them (`analysis_due`).
     pub measurements: Option<&'a [Measurement]>,
@@ -195,9 +194,9 @@ pub struct Input<'a> {
 /// The planner's decision.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
-    pub stable: Deployment,
+    pub stable: Workload,
     /// `None`: the canary Deployment must not exist.
-    pub canary: Option<Deployment>,
+    pub canary: Option<Workload>,
     pub status: AppStatus,
     pub notes: Vec<Note>,
     /// Look again after this long even without a watch event.
@@ -214,7 +213,7 @@ pub struct Plan {
 }
 
 /// The two Deployments the App should have (`None`: no canary) and where it stands.
-type Planned = (Deployment, Option<Deployment>, Outcome);
+type Planned = (Workload, Option<Workload>, Outcome);
 
 /// Where the App stands, before it becomes status fields and conditions.
 struct Outcome {
@@ -319,7 +318,14 @@ impl Planner<'_> {
     }
 
     fn shape(&self, track: Track, version: &str, replicas: Option<i32>, paused: bool) -> DeploymentShape {
-        DeploymentShape { track, version: version.to_string(), template: self.template_of(version), replicas, paused }
+        DeploymentShape {
+            track,
+            version: version.to_string(),
+            template: self.template_of(version),
+            replicas,
+            paused,
+            keep_running_pods: false,
+        }
     }
 
     /// The App-level template of `revision`: the spec's for the revision it asks for, the one
@@ -349,31 +355,26 @@ impl Planner<'_> {
     }
 
     /// The stable Deployment at `version` with the App's pod settings.
-    fn stable_from_spec(&self, version: &str, replicas: Option<i32>, paused: bool) -> Deployment {
-        deployment(self.app, self.input.id, &self.shape(Track::Stable, version, replicas, paused))
+    fn stable_from_spec(&self, version: &str, replicas: Option<i32>, paused: bool) -> Workload {
+        Workload::Shape(Box::new(self.shape(Track::Stable, version, replicas, paused)))
+    }
+
+    /// The new version's Deployment (`<app>-canary`) with `replicas`.
+    fn canary_of(&self, replicas: i32) -> Workload {
+        Workload::Shape(Box::new(self.shape(Track::Canary, &self.target, Some(replicas), false)))
+    }
+
+    /// The App's name, for messages.
+    fn name(&self) -> &str {
+        self.app.metadata.name.as_deref().unwrap_or_default()
     }
 
     /// The stable Deployment at `version`, keeping the pod template it has when it already
     /// runs that version: during a rollout (and after a rollback) only the new version
     /// changes pods, never the stable one.
-    fn stable_kept(&self, version: &str, replicas: Option<i32>) -> Deployment {
-        let mut d = self.stable_from_spec(version, replicas, false);
-        if let Some(observed) = self.input.observed.stable
-            && revision_of(observed) == Some(version)
-            && let (Some(spec), Some(have)) = (d.spec.as_mut(), observed.spec.as_ref())
-        {
-            spec.template = have.template.clone();
-            // With the template, its fingerprint: the one the observed pods were made from.
-            // The revision annotation stays (it is `version`): without it the Deployment
-            // would no longer read as the stable revision and be re-rendered at the next look.
-            let kept = observed.metadata.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_TEMPLATE_HASH));
-            let annotations = d.metadata.annotations.get_or_insert_with(BTreeMap::new);
-            match kept {
-                Some(h) => annotations.insert(names::ANNOTATION_TEMPLATE_HASH.to_string(), h.clone()),
-                None => annotations.remove(names::ANNOTATION_TEMPLATE_HASH),
-            };
-        }
-        d
+    fn stable_kept(&self, version: &str, replicas: Option<i32>) -> Workload {
+        let shape = DeploymentShape { keep_running_pods: true, ..self.shape(Track::Stable, version, replicas, false) };
+        Workload::Shape(Box::new(shape))
     }
 
     fn decide(&mut self, verb: Option<Verb>) -> Planned {
@@ -610,8 +611,8 @@ impl Planner<'_> {
         stable_version: &str,
         abandoned: &str,
         ended: RolloutResult,
-    ) -> Option<(Deployment, Readiness)> {
-        let canary = self.input.observed.canary?;
+    ) -> Option<(Workload, Readiness)> {
+        self.input.observed.canary?;
         let r = readiness(self.input.observed.stable, stable_version, self.total);
         // Pods the stable Deployment cannot create (a quota, which the canary's pods may be
         // using) do not come back by waiting: the canary goes at once.
@@ -625,7 +626,7 @@ impl Planner<'_> {
             return None;
         }
         self.look_again_in((self.settings.deadline - waited).min(Duration::from_secs(30)));
-        Some((canary.clone(), r))
+        Some((Workload::AsObserved, r))
     }
 
     /// After the new version's pods stopped taking requests in one write (a blue-green App's
@@ -634,11 +635,11 @@ impl Planner<'_> {
     /// that proxies and clients still holding its endpoints finish with them instead of
     /// meeting terminating pods. A replica-weighted canary's pods are taken out of the
     /// Service's endpoints by their own termination, so it goes at once.
-    fn draining(&mut self) -> Option<Deployment> {
+    fn draining(&mut self) -> Option<Workload> {
         if self.settings.blue_green.is_none() && self.settings.route.is_none() {
             return None;
         }
-        let canary = self.input.observed.canary?;
+        self.input.observed.canary?;
         let last = self.status.history.first()?;
         let ended =
             matches!(last.result, RolloutResult::Promoted | RolloutResult::RolledBack | RolloutResult::Reverted);
@@ -649,7 +650,7 @@ impl Planner<'_> {
             return None;
         }
         self.look_again_in(DRAIN - waited);
-        Some(canary.clone())
+        Some(Workload::AsObserved)
     }
 
     /// Rolls the failed rollout back (always: also what a user's abort asks for).
@@ -849,7 +850,7 @@ impl Planner<'_> {
     }
 
     /// Turns the decision into the status to write.
-    fn finish(mut self, stable: Deployment, canary: Option<Deployment>, outcome: Outcome) -> Plan {
+    fn finish(mut self, stable: Workload, canary: Option<Workload>, outcome: Outcome) -> Plan {
         let app = self.app;
         let route_weight = self.routed();
         let observed_generation = app.metadata.generation;

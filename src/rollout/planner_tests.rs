@@ -2,8 +2,10 @@
 
 use super::*;
 use crate::api::{Analysis, AppSpec, CanaryStep, CanaryStrategy, MetricCheck, RolloutSpec, Strategy};
+use crate::app::desired::{AppIdentity, deployment, render};
 use k8s_openapi::api::apps::v1::DeploymentStatus;
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 
 const T0: i64 = 1_000_000;
 
@@ -77,7 +79,14 @@ fn observed_with(
     ready: i32,
 ) -> Deployment {
     let id = AppIdentity::of(app).expect("id");
-    let shape = DeploymentShape { track, version: version.into(), template, replicas: Some(replicas), paused: false };
+    let shape = DeploymentShape {
+        track,
+        version: version.into(),
+        template,
+        replicas: Some(replicas),
+        paused: false,
+        keep_running_pods: false,
+    };
     let mut d = deployment(app, &id, &shape);
     d.metadata.generation = Some(1);
     d.status = Some(DeploymentStatus {
@@ -132,10 +141,8 @@ impl<'a> Run<'a> {
         self
     }
     fn plan(&self, second: i64) -> Plan {
-        let id = AppIdentity::of(self.app).expect("id");
         let input = Input {
             app: self.app,
-            id: &id,
             observed: Observed {
                 stable: self.stable.as_ref(),
                 canary: self.canary.as_ref(),
@@ -145,7 +152,39 @@ impl<'a> Run<'a> {
             measurements: self.measurements.as_deref(),
             now: at(second),
         };
-        plan(&input).expect("plan")
+        Plan::rendered(plan(&input).expect("plan"), self.app, self.stable.as_ref(), self.canary.as_ref())
+    }
+}
+
+/// A plan with its Deployments rendered as the reconciler renders them (`app::desired`), so
+/// that the tables read images, replica counts and templates.
+#[derive(Clone, Debug)]
+struct Plan {
+    stable: Deployment,
+    canary: Option<Deployment>,
+    status: AppStatus,
+    notes: Vec<Note>,
+    recheck: Option<Duration>,
+    analysis_due: bool,
+    active: Option<Track>,
+    preview: bool,
+    route_weight: Option<i32>,
+}
+
+impl Plan {
+    fn rendered(p: super::Plan, app: &App, stable: Option<&Deployment>, canary: Option<&Deployment>) -> Self {
+        let id = AppIdentity::of(app).expect("id");
+        Plan {
+            stable: render(app, &id, &p.stable, stable).expect("a stable Deployment"),
+            canary: p.canary.as_ref().and_then(|w| render(app, &id, w, canary)),
+            status: p.status,
+            notes: p.notes,
+            recheck: p.recheck,
+            analysis_due: p.analysis_due,
+            active: p.active,
+            preview: p.preview,
+            route_weight: p.route_weight,
+        }
     }
 }
 
@@ -515,15 +554,13 @@ fn the_stable_pod_template_is_kept_during_a_canary() {
     let stable = observed(&app, Track::Stable, "1", 3, 3);
     let mut changed = app.clone();
     changed.spec.pod_annotations = Some(BTreeMap::from([("a".to_string(), "b".to_string())]));
-    let id = AppIdentity::of(&changed).expect("id");
     let input = Input {
         app: &changed,
-        id: &id,
         observed: Observed { stable: Some(&stable), canary: None, hpa: None, route: None },
         measurements: None,
         now: at(0),
     };
-    let plan = plan(&input).expect("plan");
+    let plan = Plan::rendered(plan(&input).expect("plan"), &changed, Some(&stable), None);
     let template = |d: &Deployment| d.spec.as_ref().map(|s| s.template.clone());
     assert_eq!(template(&plan.stable), template(&stable), "stable pods are not restarted");
     let canary_annotations =
