@@ -214,6 +214,14 @@ async fn invalid_apps_are_refused_with_the_field_named() {
             "spec.rollout.strategy.canary.trafficRouting.gatewayAPI.httpRoute",
         ),
         (
+            "trafficRouting with an autoscaler",
+            "routedhpa",
+            with(json!({"replicas": null, "autoscaling": {"minReplicas": 2, "maxReplicas": 4},
+                "rollout": {"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10}],
+                "trafficRouting": {"gatewayAPI": {"httpRoute": "shop"}}}}}})),
+            "spec.rollout.strategy.canary.trafficRouting",
+        ),
+        (
             "trafficRouting without a route",
             "routeless",
             with(json!({"rollout": {"strategy": {"type": "Canary", "canary": {"steps": [{"weight": 10}],

@@ -185,4 +185,24 @@ async fn a_routed_canary_sets_exact_weights_puts_back_drift_and_routes_nothing_t
     assert_eq!(kept.pointer("/spec/rules/0/backendRefs/0/name").and_then(Value::as_str), Some("admin"));
     assert!(kept.pointer("/spec/rules/1").is_none(), "nothing added to the route");
     rig.wait_events("shop", &["RouteNotUsable", "RolledBack"]).await;
+
+    // A usable route again: the waiting step goes on at 10%. Then the App stops naming the
+    // route mid-rollout: the route's canary share goes back to 0 before the canary's Service
+    // goes, and status stops naming the route only then.
+    routes.delete(ROUTE, &DeleteParams::default()).await.expect("deleting the route");
+    support::wait_for(Duration::from_secs(10), "the route gone", || async {
+        routes.get_opt(ROUTE).await.ok().flatten().is_none().then_some(())
+    })
+    .await;
+    rig.traffic("shop", "3", 0.0, 0.05);
+    routes.create(&PostParams::default(), &route(&ns, shop_rules())).await.expect("creating the route");
+    wait_weights(&routes, (90, 10), Duration::from_secs(30), "the waiting step").await;
+    rig.patch_spec("shop", json!({"rollout": {"strategy": {"canary": {"trafficRouting": null}}}})).await;
+    wait_weights(&routes, (100, 0), Duration::from_secs(10), "a route no longer named").await;
+    support::wait_for(Duration::from_secs(10), "the canary Service removed", || async {
+        services.get_opt("shop-canary").await.ok().flatten().is_none().then_some(())
+    })
+    .await;
+    let app = rig.app("shop").await;
+    assert!(app.status.and_then(|s| s.traffic_routing).is_none(), "status no longer names the route");
 }

@@ -35,6 +35,7 @@ use super::tenant::{
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("spec.replicas and spec.autoscaling are mutually exclusive: with autoscaling the HorizontalPodAutoscaler owns the replica count").reason(kube::core::Reason::FieldValueForbidden).field_path(".replicas"))]
+#[x_kube(validation = Rule::new("!has(self.autoscaling) || !has(self.strategy) || !has(self.strategy.canary) || !has(self.strategy.canary.trafficRouting)").message("spec.autoscaling cannot be used with a canary's trafficRouting: the autoscaler would shrink the stable version as the route takes its requests away, and a rollback would send every request back to fewer pods").reason(kube::core::Reason::FieldValueForbidden).field_path(".strategy.canary.trafficRouting"))]
 pub struct AppSpec {
     /// Container image repository, without a tag or digest (for example `registry.example.com/team/checkout`). The tag is `version`.
     #[schemars(length(min = 1, max = 255))]

@@ -45,6 +45,7 @@ pub const DEFAULT_HISTORY_LIMIT: usize = 10;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("spec.replicas and spec.autoscaling are mutually exclusive: with autoscaling the HorizontalPodAutoscaler owns the replica count").reason(kube::core::Reason::FieldValueForbidden).field_path(".replicas"))]
+#[x_kube(validation = Rule::new("!has(self.autoscaling) || !has(self.rollout) || !has(self.rollout.strategy) || !has(self.rollout.strategy.canary) || !has(self.rollout.strategy.canary.trafficRouting)").message("spec.autoscaling cannot be used with a canary's trafficRouting: the autoscaler would shrink the stable version as the route takes its requests away, and a rollback would send every request back to fewer pods").reason(kube::core::Reason::FieldValueForbidden).field_path(".rollout.strategy.canary.trafficRouting"))]
 pub struct AppSpec {
     /// Container image repository, without a tag or digest (for example `registry.example.com/team/checkout`). The tag is `version`.
     #[schemars(length(min = 1, max = 255))]

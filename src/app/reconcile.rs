@@ -30,7 +30,7 @@ use crate::api::conditions::READY;
 use crate::api::names::{self, FIELD_MANAGER};
 use crate::api::template::MAX_TEMPLATE_BYTES;
 use crate::api::{App, AppPhase, RolloutResult};
-use crate::rollout::planner::{self, Input, Observed};
+use crate::rollout::planner::{self, DRAIN, Input, Observed};
 
 /// How often an App that is still converging is looked at even without a watch event.
 const PROGRESS_RECHECK: Duration = Duration::from_secs(30);
@@ -189,11 +189,23 @@ async fn reconcile_app(
         Some(route_name) => Some(route::observe(&ctx.client, &namespace, &name, route_name).await?),
         None => None,
     };
+    // A route the App named (with a canary share on it) but no longer names (the field was
+    // removed or renamed, or the strategy changed): its canary weight goes back to 0 before the
+    // canary's Service and pods go, and status keeps naming it until that is written.
+    let retiring = app
+        .status
+        .as_ref()
+        .and_then(|s| s.traffic_routing.clone())
+        .filter(|t| t.canary_weight > 0 && app.spec.http_route() != Some(t.http_route.as_str()));
+    let retired = match &retiring {
+        Some(t) => Some(route::observe(&ctx.client, &namespace, &name, &t.http_route).await?),
+        None => None,
+    };
     let observed = Observed {
         stable: stable.as_deref(),
         canary: canary.as_deref(),
         hpa: hpa.as_deref(),
-        route: route.as_ref().map(route::ObservedRoute::check),
+        route: route.as_ref().map(route::ObservedRoute::state),
     };
     let now = crate::api::conditions::now_to_the_second();
     let invalid = |source| ReconcileError::InvalidSettings { namespace: namespace.clone(), name: name.clone(), source };
@@ -212,6 +224,13 @@ async fn reconcile_app(
         measurements = ctx.measure(&app, &stable_version).await.measurements;
         *slot = ctx.slot().await;
         plan = planner::plan(&Input { measurements: Some(&measurements), ..input }).map_err(invalid)?;
+    }
+
+    // Until the retired route is set back, status goes on naming it (a replica that dies
+    // before that write leaves the next one the name).
+    let planned_routing = plan.status.traffic_routing.clone();
+    if let Some(t) = &retiring {
+        plan.status.traffic_routing = Some(t.clone());
     }
 
     // A change the rollout makes to a Deployment is planned, not drift put back.
@@ -312,11 +331,38 @@ async fn reconcile_app(
             failure = Some(e);
         }
     }
-    // A routed canary: the Service the route sends the canary's share to (it stays while the
-    // route names it, so that the route's backend always resolves), then the weights, before
-    // any Deployment is deleted: a promotion or a rollback takes the canary's share away in
-    // one write, and only then do its pods go (after `planner::DRAIN`).
-    if failure.is_none() {
+    // A routed canary: the retired route's canary share set back to 0, the Service the route
+    // sends the canary's share to (it stays while a route names it, so that the route's
+    // backend always resolves), then the weights, before any Deployment is deleted: a
+    // promotion or a rollback takes the canary's share away in one write, and the canary's
+    // pods never go in the pass that lowered it (they drain, `planner::DRAIN`).
+    let mut lowered = false;
+    let mut retired_done = retiring.is_none();
+    if failure.is_none()
+        && let Some(old) = &retired
+    {
+        match old.pairs.as_ref().ok().and_then(|p| route::weight_patch(p, old.resource_version.as_deref(), 0)) {
+            // A route that is gone, or no longer sends to the App, carries nothing of it.
+            None => retired_done = true,
+            Some(w) => {
+                if !ctx.may_write(&namespace) {
+                    return Err(fenced());
+                }
+                match route::set_weights(&ctx.client, &namespace, old, &w.patch).await {
+                    Ok(()) => {
+                        retired_done = true;
+                        lowered = true;
+                        ctx.note_change(&mut changes, &app_ref, "HTTPRoute", &old.name, true, true, &w.diffs);
+                    }
+                    Err(e) => failure = Some(e),
+                }
+            }
+        }
+        if retired_done {
+            plan.status.traffic_routing = planned_routing.clone();
+        }
+    }
+    if failure.is_none() && (route.is_some() || retired_done) {
         let result = if route.is_some() {
             let canary_service = desired_canary_service(&app, &id);
             reconcile_service(&app, &id, ctx, canary_service, planned, &mut changes).await
@@ -330,19 +376,29 @@ async fn reconcile_app(
     if failure.is_none()
         && let (Some(route), Some(weight)) = (&route, plan.route_weight)
         && let Ok(pairs) = &route.pairs
-        && let Some((patch, diffs)) = route::weight_patch(pairs, &name, weight)
+        && let Some(w) = route::weight_patch(pairs, route.resource_version.as_deref(), weight)
     {
         if !ctx.may_write(&namespace) {
             return Err(fenced());
         }
+        // The plan moved the weight (a step, a promotion, a rollback), or a hand edit is put back.
         let before = previous.traffic_routing.as_ref().map(|t| t.canary_weight);
-        let moved = planned || before != Some(weight);
-        match route::set_weights(&ctx.client, &namespace, route, &patch).await {
-            Ok(()) => ctx.note_change(&mut changes, &app_ref, "HTTPRoute", &route.name, true, moved, &diffs),
+        let moved = before != Some(weight);
+        match route::set_weights(&ctx.client, &namespace, route, &w.patch).await {
+            Ok(()) => {
+                lowered |= w.lowered;
+                ctx.note_change(&mut changes, &app_ref, "HTTPRoute", &route.name, true, moved, &w.diffs);
+            }
             Err(e) => failure = Some(e),
         }
     }
+    // Requests may still reach pods whose share was just taken away: they go at a later look.
+    let deletion_held = lowered && to_delete.is_some();
+    if deletion_held {
+        debug!(namespace, app = name, "the canary drains before it is deleted");
+    }
     if failure.is_none()
+        && !deletion_held
         && let Some((have, object_name)) = to_delete
     {
         if !ctx.may_write(&namespace) {
@@ -443,10 +499,11 @@ async fn reconcile_app(
         }
         return Err(err);
     }
+    let recheck = if deletion_held { Some(plan.recheck.map_or(DRAIN, |r| r.min(DRAIN))) } else { plan.recheck };
     let recheck = match (app.spec.http_route(), &status.rollout) {
-        (None, _) => plan.recheck,
-        (Some(_), Some(_)) => Some(plan.recheck.map_or(ROUTE_RECHECK, |r| r.min(ROUTE_RECHECK))),
-        (Some(_), None) => Some(plan.recheck.map_or(ROUTE_RECHECK_STEADY, |r| r.min(ROUTE_RECHECK_STEADY))),
+        (None, _) => recheck,
+        (Some(_), Some(_)) => Some(recheck.map_or(ROUTE_RECHECK, |r| r.min(ROUTE_RECHECK))),
+        (Some(_), None) => Some(recheck.map_or(ROUTE_RECHECK_STEADY, |r| r.min(ROUTE_RECHECK_STEADY))),
     };
     Ok(match (status.phase, recheck) {
         // Healthy with a recheck: pods draining after the switch, or a route to read again.

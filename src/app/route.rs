@@ -5,9 +5,9 @@
 //! The route is the tenant's: Flotilla never creates, deletes or rewrites it. Its `rules` and
 //! each rule's `backendRefs` are atomic lists in the Gateway API schema, so a server-side
 //! apply of two weights would take ownership of (and overwrite) every rule; a JSON patch
-//! instead replaces the two weights at their paths, after `test` operations that check each
-//! path still names the Service it names now. Any other edit between the read and the patch
-//! (a rule moved, a backend renamed) makes the patch fail, and the next look starts over.
+//! instead sets the two weights at their paths, and carries the resourceVersion that was
+//! read: any edit between the read and the patch makes it fail with a conflict (409), and
+//! the next look starts over from the route as it is then.
 
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -46,14 +46,34 @@ pub struct RulePair {
 #[derive(Clone, Debug)]
 pub struct ObservedRoute {
     pub name: String,
+    pub resource_version: Option<String>,
     pub pairs: Result<Vec<RulePair>, String>,
 }
 
 impl ObservedRoute {
-    /// What the planner needs to know: usable, or why not.
-    pub fn check(&self) -> Result<(), String> {
-        self.pairs.as_ref().map(|_| ()).map_err(Clone::clone)
+    /// What the planner needs to know: the canary's weight on the route now (`None` when its
+    /// rules disagree), or why the route cannot be used.
+    pub fn state(&self) -> Result<Option<i32>, String> {
+        let pairs = self.pairs.as_ref().map_err(Clone::clone)?;
+        let first = pairs.first().map(|p| (p.stable_weight, p.canary_weight));
+        let agreed = pairs.iter().all(|p| Some((p.stable_weight, p.canary_weight)) == first);
+        Ok(first.filter(|(s, c)| agreed && s + c == 100).and_then(|(_, c)| i32::try_from(c).ok()))
     }
+}
+
+/// The most of a problem's text kept in status, Events and conditions.
+const PROBLEM_LIMIT: usize = 400;
+
+fn bounded(mut text: String) -> String {
+    if text.len() > PROBLEM_LIMIT {
+        let mut cut = PROBLEM_LIMIT;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str("...");
+    }
+    text
 }
 
 /// Whether `backend` is a reference to the Service `name` of `namespace`.
@@ -95,7 +115,10 @@ pub fn rule_pairs(route: &Value, namespace: &str, app: &str) -> Result<Vec<RuleP
         if s.is_empty() && c.is_empty() {
             continue;
         }
-        let listed = backends.iter().map(describe).collect::<Vec<_>>().join(", ");
+        let mut listed = backends.iter().take(4).map(describe).collect::<Vec<_>>().join(", ");
+        if backends.len() > 4 {
+            listed.push_str(&format!(" and {} more", backends.len() - 4));
+        }
         match (s.as_slice(), c.as_slice()) {
             ([(si, sb)], [(ci, cb)]) if backends.len() == 2 => {
                 let weight = |b: &Value| b.get("weight").and_then(Value::as_i64).unwrap_or(1);
@@ -123,29 +146,40 @@ pub fn rule_pairs(route: &Value, namespace: &str, app: &str) -> Result<Vec<RuleP
     Ok(pairs)
 }
 
+/// The weights to write on a route: the JSON patch, what changes (for the Event), and whether
+/// the canary's share goes down anywhere (its pods then drain before they may go).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightPatch {
+    pub patch: Value,
+    pub diffs: Vec<Difference>,
+    pub lowered: bool,
+}
+
 /// The JSON patch that gives the canary `canary_weight` percent of each rule (the stable
-/// Service the rest), with a `test` of every backend's name first; `None` when the weights
-/// already are so. With the differences, for the Event that reports them.
-pub fn weight_patch(pairs: &[RulePair], app: &str, canary_weight: i32) -> Option<(Value, Vec<Difference>)> {
+/// Service the rest), valid only for the route at `resource_version` (a conflict otherwise);
+/// `None` when the weights already are so.
+pub fn weight_patch(pairs: &[RulePair], resource_version: Option<&str>, canary_weight: i32) -> Option<WeightPatch> {
     let canary_weight = i64::from(canary_weight.clamp(0, 100));
     let stable_weight = 100 - canary_weight;
     let mut ops = Vec::new();
     let mut diffs = Vec::new();
+    let mut lowered = false;
+    if let Some(rv) = resource_version {
+        // A patch that sets the resourceVersion is refused (409) unless it is the stored one.
+        ops.push(json!({"op": "replace", "path": "/metadata/resourceVersion", "value": rv}));
+    }
     for p in pairs.iter().filter(|p| p.stable_weight != stable_weight || p.canary_weight != canary_weight) {
-        let at = |i: usize| format!("/spec/rules/{}/backendRefs/{i}", p.rule);
-        ops.push(json!({"op": "test", "path": format!("{}/name", at(p.stable)), "value": names::service_name(app)}));
-        ops.push(
-            json!({"op": "test", "path": format!("{}/name", at(p.canary)), "value": names::canary_service_name(app)}),
-        );
-        ops.push(json!({"op": "add", "path": format!("{}/weight", at(p.stable)), "value": stable_weight}));
-        ops.push(json!({"op": "add", "path": format!("{}/weight", at(p.canary)), "value": canary_weight}));
+        let at = |i: usize| format!("/spec/rules/{}/backendRefs/{i}/weight", p.rule);
+        lowered |= p.canary_weight > canary_weight;
+        ops.push(json!({"op": "add", "path": at(p.stable), "value": stable_weight}));
+        ops.push(json!({"op": "add", "path": at(p.canary), "value": canary_weight}));
         diffs.push(Difference {
             field: "backendRefs weights (stable/canary)",
             observed: format!("{}/{} in rule {}", p.stable_weight, p.canary_weight, p.rule + 1),
             desired: format!("{stable_weight}/{canary_weight}"),
         });
     }
-    (!ops.is_empty()).then_some((Value::Array(ops), diffs))
+    (!diffs.is_empty()).then_some(WeightPatch { patch: Value::Array(ops), diffs, lowered })
 }
 
 /// Reads the HTTPRoute `name` of `namespace`. A route that does not exist (or a cluster without
@@ -162,8 +196,9 @@ pub async fn observe(
         Ok(found) => found,
         Err(kube::Error::Api(s)) if s.code == 404 => None,
         Err(kube::Error::Api(s)) if s.code == 403 => {
-            let why = format!("the operator may not read HTTPRoute {name} in namespace {namespace}: {}", s.message);
-            return Ok(ObservedRoute { name: name.to_string(), pairs: Err(why) });
+            let why =
+                bounded(format!("the operator may not read HTTPRoute {name} in namespace {namespace}: {}", s.message));
+            return Ok(ObservedRoute { name: name.to_string(), resource_version: None, pairs: Err(why) });
         }
         Err(source) => {
             return Err(ReconcileError::Read {
@@ -174,16 +209,17 @@ pub async fn observe(
             });
         }
     };
+    let resource_version = found.as_ref().and_then(|r| r.metadata.resource_version.clone());
     let pairs = match found {
         None => Err(format!(
             "HTTPRoute {name} does not exist in namespace {namespace} (Flotilla never creates it; is the Gateway API installed?)"
         )),
         Some(route) => match serde_json::to_value(&route) {
-            Ok(value) => rule_pairs(&value, namespace, app),
-            Err(e) => Err(format!("HTTPRoute {name} cannot be read: {e}")),
+            Ok(value) => rule_pairs(&value, namespace, app).map_err(bounded),
+            Err(e) => Err(bounded(format!("HTTPRoute {name} cannot be read: {e}"))),
         },
     };
-    Ok(ObservedRoute { name: name.to_string(), pairs })
+    Ok(ObservedRoute { name: name.to_string(), resource_version, pairs })
 }
 
 /// Sets the two weights of every rule of `route` that sends to the App, when they differ.
@@ -225,20 +261,19 @@ mod tests {
         ]));
         let pairs = rule_pairs(&r, "ns", "web").expect("usable");
         assert_eq!(pairs, [RulePair { rule: 1, stable: 1, canary: 0, stable_weight: 100, canary_weight: 0 }]);
-        let (patch, diffs) = weight_patch(&pairs, "web", 20).expect("weights differ");
+        let up = weight_patch(&pairs, Some("42"), 20).expect("weights differ");
         assert_eq!(
-            patch,
+            up.patch,
             json!([
-                {"op": "test", "path": "/spec/rules/1/backendRefs/1/name", "value": "web"},
-                {"op": "test", "path": "/spec/rules/1/backendRefs/0/name", "value": "web-canary"},
+                {"op": "replace", "path": "/metadata/resourceVersion", "value": "42"},
                 {"op": "add", "path": "/spec/rules/1/backendRefs/1/weight", "value": 80},
                 {"op": "add", "path": "/spec/rules/1/backendRefs/0/weight", "value": 20},
             ])
         );
-        assert_eq!(diffs.len(), 1);
-        assert!(
-            weight_patch(&[RulePair { stable_weight: 80, canary_weight: 20, ..pairs[0].clone() }], "web", 20).is_none()
-        );
+        assert_eq!((up.diffs.len(), up.lowered), (1, false));
+        let at_20 = [RulePair { stable_weight: 80, canary_weight: 20, ..pairs[0].clone() }];
+        assert!(weight_patch(&at_20, Some("43"), 20).is_none());
+        assert!(weight_patch(&at_20, Some("43"), 0).is_some_and(|p| p.lowered), "a lower share drains");
     }
 
     #[test]
@@ -250,7 +285,7 @@ mod tests {
         let pairs = rule_pairs(&r, "ns", "web").expect("usable");
         // A missing weight counts as the API's default, 1.
         assert_eq!((pairs[0].stable_weight, pairs[0].canary_weight), (1, 1));
-        let (patch, _) = weight_patch(&pairs, "web", 5).expect("weights differ");
+        let patch = weight_patch(&pairs, None, 5).expect("weights differ").patch;
         let ops: json_patch::Patch = serde_json::from_value(patch).expect("a JSON patch");
         json_patch::patch(&mut r, &ops).expect("applies");
         assert_eq!(r["spec"]["rules"][0]["backendRefs"][0]["weight"], 95);

@@ -47,16 +47,36 @@ impl Planner<'_> {
         let weight = self.settings.weights[index];
         let wanted = self.canary_size(weight);
         let cr = readiness(self.input.observed.canary, &self.target, wanted);
-        if cr.complete {
+        // The step serves once its pods are available and, for a routed canary, the route
+        // carries its weight: its pause counts from then, and its checks judge only
+        // requests sent at that weight.
+        let serving = cr.complete && self.route_carries(weight);
+        if serving {
             c.available_since.get_or_insert(Time(self.now));
         } else {
             c.available_since = None;
         }
         let available_for = c.available_since.as_ref().map_or(Duration::ZERO, |t| elapsed(t, self.now));
+        // A routed canary's first run of a step waits one interval after the weight is on the
+        // route, so that its queries' windows hold requests sent at that weight.
+        let routed = self.settings.route.is_some();
+        let settled = !routed || available_for >= self.settings.interval;
+        // (No run is taken before `settled`, so one after `available_since` is one of those.)
+        let judged_from = match (&c.available_since, routed) {
+            (Some(since), true) => since.clone(),
+            _ => c.step_started_at.clone(),
+        };
         let waited = self.unavailable_for(&mut c.unavailable_since, cr.complete);
         let canary_name = names::canary_deployment_name(self.name());
 
-        let stop = if holding || !cr.complete { self.held_analysis() } else { self.analyse(true) };
+        let stop = if holding || !serving {
+            self.held_analysis()
+        } else if !settled {
+            self.look_again_in(self.settings.interval - available_for);
+            self.held_analysis()
+        } else {
+            self.analyse(true)
+        };
         if let Some(AnalysisStop::Failed(why)) = &stop {
             let message = format!("analysis failed at step {} ({weight}%): {why}", c.step + 1);
             let held = match self.fail_or_hold(stable_version, "AnalysisFailed", message) {
@@ -81,8 +101,8 @@ impl Planner<'_> {
 
         let pause = self.settings.pauses[index];
         let gated = self.settings.gates.get(index).copied().unwrap_or(false);
-        let analysed = self.passed_since(&c.step_started_at);
-        let step_done = cr.complete && stop.is_none() && !holding && available_for >= pause && analysed;
+        let analysed = self.passed_since(&judged_from);
+        let step_done = serving && stop.is_none() && !holding && available_for >= pause && analysed;
         if step_done && !gated {
             c.step += 1;
             c.step_started_at = Time(self.now);
@@ -107,7 +127,7 @@ impl Planner<'_> {
             let outcome = self.step_outcome(&c, next, wanted, cr);
             return self.canary_objects(stable_version, c, wanted, cr, outcome);
         }
-        if cr.complete && available_for < pause && !user_paused {
+        if serving && available_for < pause && !user_paused {
             self.look_again_in(pause - available_for);
         }
         if !cr.complete && !user_paused && waited < self.settings.deadline {
@@ -195,11 +215,13 @@ impl Planner<'_> {
         let step = usize::try_from(c.step).unwrap_or(0);
         c.weight = self.settings.weights.get(step).copied().unwrap_or(100);
         // The route sends the step's share once the canary's pods for it are all available;
-        // until then the share of the step before (none before the first).
+        // until then the share of the step before (none before the first), no more than the
+        // available pods can take.
         self.route_weight = if cr.complete {
             c.weight
         } else {
-            step.checked_sub(1).and_then(|i| self.settings.weights.get(i)).copied().unwrap_or(0)
+            let before = step.checked_sub(1).and_then(|i| self.settings.weights.get(i)).copied().unwrap_or(0);
+            self.capped_weight(before.min(c.weight), cr.available)
         };
         c.replicas = wanted;
         c.stable_replicas = if autoscaled { self.total } else { stable_count };
@@ -226,8 +248,11 @@ impl Planner<'_> {
         };
         let keep = c.replicas.max(1);
         let canary = self.canary_of(keep);
-        // A routed canary keeps the last step's share while the stable Deployment rolls.
-        self.route_weight = self.settings.weights.last().copied().unwrap_or(0);
+        // A routed canary keeps the share the route gives it now while the stable Deployment
+        // rolls (never more: a promotion from an early step does not send the last step's
+        // share to the early step's pods), no more than its available pods can take.
+        let available = readiness(self.input.observed.canary, &target, keep).available;
+        self.route_weight = self.capped_weight(self.route_weight_now(), available);
         c.weight = 100;
         c.replicas = keep;
         c.stable_replicas = self.total;

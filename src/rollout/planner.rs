@@ -176,9 +176,10 @@ pub struct Observed<'a> {
     pub stable: Option<&'a Deployment>,
     pub canary: Option<&'a Deployment>,
     pub hpa: Option<&'a HorizontalPodAutoscaler>,
-    /// The HTTPRoute of a canary routed through Gateway API: usable, or why not (`None`: not
-    /// read, or the App has none).
-    pub route: Option<Result<(), String>>,
+    /// The HTTPRoute of a canary routed through Gateway API: the canary's weight on it now
+    /// (`None` when its rules disagree), or why it cannot be used (`None`: not read, or the
+    /// App has none).
+    pub route: Option<Result<Option<i32>, String>>,
 }
 
 /// Everything the planner reads.
@@ -916,11 +917,33 @@ impl Planner<'_> {
         problem.is_none().then_some(self.route_weight)
     }
 
+    /// The canary's weight on a routed canary's HTTPRoute now, as read (0 when unknown).
+    fn route_weight_now(&self) -> i32 {
+        match &self.input.observed.route {
+            Some(Ok(Some(w))) => *w,
+            _ => 0,
+        }
+    }
+
+    /// Whether the requests follow the canary's step at `weight`: always, without a route;
+    /// with one, once the route carries that weight.
+    fn route_carries(&self, weight: i32) -> bool {
+        self.settings.route.is_none() || matches!(self.input.observed.route, Some(Ok(Some(w))) if w == weight)
+    }
+
+    /// A routed canary's share of requests, capped by what its available pods can take
+    /// (`available` of the App's replicas): a canary losing pods loses its share with them,
+    /// and one with none takes nothing.
+    fn capped_weight(&self, weight: i32, available: i32) -> i32 {
+        let carried = i64::from(available.max(0)) * 100 / i64::from(self.total.max(1));
+        i32::try_from(carried.min(i64::from(weight))).unwrap_or(weight).clamp(0, 100)
+    }
+
     /// Why a routed canary's HTTPRoute cannot be used now, if it cannot.
     fn route_problem(&self) -> Option<String> {
         let name = self.settings.route.as_ref()?;
         match &self.input.observed.route {
-            Some(Ok(())) => None,
+            Some(Ok(_)) => None,
             Some(Err(why)) => Some(why.clone()),
             None => Some(format!("HTTPRoute {name} was not read")),
         }

@@ -109,14 +109,14 @@ struct Run<'a> {
     stable: Option<Deployment>,
     canary: Option<Deployment>,
     measurements: Option<Vec<Measurement>>,
-    route: Option<Result<(), String>>,
+    route: Option<Result<Option<i32>, String>>,
     app: &'a App,
 }
 
 impl<'a> Run<'a> {
     fn new(app: &'a App) -> Self {
         // A routed App's route is usable unless a test says otherwise.
-        let route = app.spec.http_route().map(|_| Ok(()));
+        let route = app.spec.http_route().map(|_| Ok(Some(0)));
         Self { stable: None, canary: None, measurements: None, route, app }
     }
     fn stable(mut self, version: &str, replicas: i32, ready: i32) -> Self {
@@ -132,7 +132,7 @@ impl<'a> Run<'a> {
         self.canary = Some(observed(self.app, Track::Canary, version, replicas, ready));
         self
     }
-    fn route(mut self, route: Result<(), String>) -> Self {
+    fn route(mut self, route: Result<Option<i32>, String>) -> Self {
         self.route = Some(route);
         self
     }

@@ -26,7 +26,7 @@ fn routed_weight(plan: &Plan) -> Option<i32> {
 }
 
 #[test]
-fn each_step_sets_its_exact_weight_once_its_pods_are_available_and_the_stable_version_keeps_every_replica() {
+fn each_step_sets_its_exact_weight_once_its_pods_are_available_and_is_judged_only_at_that_weight() {
     let app = routed_app(5, &[5, 40]);
     let plan = Run::new(&app).stable("1", 5, 5).plan(0);
     assert_eq!(reasons(&plan), ["RolloutStarted"]);
@@ -36,45 +36,103 @@ fn each_step_sets_its_exact_weight_once_its_pods_are_available_and_the_stable_ve
     assert_eq!(plan.route_weight, Some(0), "no requests before the canary's pods are available");
     assert_eq!(plan.active, Some(Track::Stable), "the App's Service selects the stable pods only");
 
+    // Available: the weight goes on the route; nothing is judged before the route carries it.
     let app = advance(&app, &plan);
     let plan = Run::new(&app).stable("1", 5, 5).canary("2", 1, 1).plan(2);
     assert_eq!(plan.route_weight, Some(5), "the step's weight, not a share of the replicas (1 of 6 pods)");
     assert_eq!(routed_weight(&plan), Some(5));
     assert_eq!(plan.status.canary.as_ref().map(|c| c.weight), Some(5));
-    assert!(plan.analysis_due);
+    assert!(!plan.analysis_due, "the route still sends the canary nothing");
+    // Even a passing run taken now would judge no requests at 5%: it does not count.
+    let early = Run::new(&app).stable("1", 5, 5).canary("2", 1, 1).measured(pass()).plan(2);
+    assert!(reasons(&early).is_empty() && early.status.canary.as_ref().is_some_and(|c| c.step == 0));
 
-    // The step passes: the next step's pods first, the weight when they are available.
-    let plan = Run::new(&app).stable("1", 5, 5).canary("2", 1, 1).measured(pass()).plan(3);
+    // The route carries 5%: the first run waits one analysis interval (10 s) from then.
+    let app = advance(&app, &plan);
+    let carried = Run::new(&app).stable("1", 5, 5).canary("2", 1, 1).route(Ok(Some(5)));
+    let plan = carried.clone().plan(3);
+    assert!(!plan.analysis_due);
+    assert_eq!(plan.recheck, Some(Duration::from_secs(10)));
+    let app = advance(&app, &plan);
+    let carried = Run { app: &app, ..carried };
+    assert!(!carried.clone().plan(12).analysis_due);
+    assert!(carried.clone().plan(13).analysis_due);
+
+    // It passes: the next step's pods first, its weight when they are available.
+    let plan = carried.clone().measured(pass()).plan(13);
     assert_eq!(reasons(&plan), ["StepCompleted"]);
     assert_eq!(plan.canary.as_ref().and_then(replicas), Some(2), "40% of 5 replicas, rounded up");
     assert_eq!(replicas(&plan.stable), Some(5));
     assert_eq!(plan.route_weight, Some(5), "the step before's weight until the 2 pods are available");
     let app = advance(&app, &plan);
-    let plan = Run::new(&app).stable("1", 5, 5).canary("2", 2, 2).plan(5);
+    let plan = Run::new(&app).stable("1", 5, 5).canary("2", 2, 2).route(Ok(Some(5))).plan(15);
     assert_eq!(plan.route_weight, Some(40));
     assert_eq!(replicas(&plan.stable), Some(5));
 }
 
+/// A routed App at its only step (50%), its route carrying it, judged and passed at `t`.
+fn passed_step(app: &App) -> (App, Plan) {
+    let start = Run::new(app).stable("1", 4, 4).plan(0);
+    let app = advance(app, &start);
+    let seen = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(50))).plan(1);
+    let app = advance(&app, &seen);
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(50))).measured(pass()).plan(11);
+    (app, plan)
+}
+
 #[test]
-fn promotion_keeps_the_last_weight_while_the_stable_version_rolls_then_sets_0_and_drains_the_canary() {
+fn promotion_keeps_the_weight_on_the_route_while_the_stable_version_rolls_then_sets_0_and_drains_the_canary() {
     let app = routed_app(4, &[50]);
-    let start = Run::new(&app).stable("1", 4, 4).plan(0);
-    let app = advance(&app, &start);
-    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).measured(pass()).plan(3);
+    let (app, plan) = passed_step(&app);
     assert_eq!(reasons(&plan), ["StepCompleted"]);
     assert_eq!(image(&plan.stable), "example.com/web:2", "promoting: the stable Deployment rolls");
     assert_eq!(plan.route_weight, Some(50), "the canary keeps its share meanwhile");
 
     let app = advance(&app, &plan);
-    let plan = Run::new(&app).stable("2", 4, 4).canary("2", 2, 2).plan(8);
+    let plan = Run::new(&app).stable("2", 4, 4).canary("2", 2, 2).route(Ok(Some(50))).plan(16);
     assert_eq!(reasons(&plan), ["Promoted"]);
     assert_eq!(plan.route_weight, Some(0), "every request to the stable Service, in this plan");
     assert!(plan.canary.is_some(), "the canary's pods drain before they go");
     assert_eq!(plan.recheck, Some(DRAIN));
     let app = advance(&app, &plan);
-    let done = Run::new(&app).stable("2", 4, 4).canary("2", 2, 2).plan(8 + 10);
+    let done = Run::new(&app).stable("2", 4, 4).canary("2", 2, 2).plan(16 + 10);
     assert!(done.canary.is_none());
     assert_eq!(done.route_weight, Some(0));
+}
+
+#[test]
+fn promoting_from_an_early_step_never_raises_the_weight_and_a_canary_losing_pods_loses_its_share() {
+    // promote-full at the first step (10%, one pod of four): the route keeps 10%, it does not
+    // jump to the last step's 90% on one pod.
+    let app = routed_app(4, &[10, 90]);
+    let start = Run::new(&app).stable("1", 4, 4).plan(0);
+    let app = advance(&app, &start);
+    let full = with_annotation(&app, ANNOTATION_ACTION, "promote-full 1");
+    let plan = Run::new(&full).stable("1", 4, 4).canary("2", 1, 1).route(Ok(Some(10))).plan(2);
+    assert!(reasons(&plan).contains(&"PromotedByUser"), "{:?}", reasons(&plan));
+    assert_eq!(plan.route_weight, Some(10));
+    // Its one pod fails while the stable Deployment rolls: no share left for it.
+    let app = advance(&full, &plan);
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 1, 0).route(Ok(Some(10))).plan(3);
+    assert_eq!(plan.route_weight, Some(0));
+
+    // At the second step (90%, four pods), two of its pods fail: at most 2 of 4 replicas' share,
+    // and never more than the step before's.
+    let app = routed_app(4, &[40, 90]);
+    let (app, plan) = {
+        let start = Run::new(&app).stable("1", 4, 4).plan(0);
+        let app = advance(&app, &start);
+        let seen = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(40))).plan(1);
+        let app = advance(&app, &seen);
+        let plan = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(40))).measured(pass()).plan(11);
+        (app, plan)
+    };
+    assert_eq!(reasons(&plan), ["StepCompleted"]);
+    let app = advance(&app, &plan);
+    let short = Run::new(&app).stable("1", 4, 4).canary("2", 4, 1).route(Ok(Some(40))).plan(12);
+    assert_eq!(short.route_weight, Some(25), "1 of 4 replicas available: 25%, below the step before's 40%");
+    let gone = Run::new(&app).stable("1", 4, 4).canary("2", 4, 0).route(Ok(Some(40))).plan(12);
+    assert_eq!(gone.route_weight, Some(0));
 }
 
 #[test]
@@ -82,17 +140,20 @@ fn a_rollback_sets_weight_0_at_once_and_never_shrinks_the_stable_version() {
     let app = routed_app(4, &[50, 100]);
     let start = Run::new(&app).stable("1", 4, 4).plan(0);
     let app = advance(&app, &start);
-    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).measured(fail()).plan(3);
+    let seen = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(50))).plan(1);
+    let app = advance(&app, &seen);
+    let run = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(50)));
+    let plan = run.clone().measured(fail()).plan(11);
     assert_eq!(plan.route_weight, Some(50), "one failed run of two: the step goes on");
     let app = advance(&app, &plan);
-    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).measured(fail()).plan(13);
+    let plan = Run { app: &app, ..run }.measured(fail()).plan(21);
     assert_eq!(plan.status.phase, Some(AppPhase::RolledBack));
     assert_eq!(plan.route_weight, Some(0));
     assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(4)));
     assert_eq!(plan.active, Some(Track::Stable));
     assert!(plan.canary.is_some(), "drained, not cut");
     let app = advance(&app, &plan);
-    assert!(Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).plan(13 + 10).canary.is_none());
+    assert!(Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).plan(21 + 10).canary.is_none());
 }
 
 #[test]
@@ -122,7 +183,6 @@ fn a_route_that_cannot_be_used_holds_the_step_and_says_why_once() {
     let plan = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).plan(9);
     assert!(plan.status.traffic_routing.as_ref().is_some_and(|t| t.problem.is_none()));
     assert_eq!(plan.route_weight, Some(25));
-    assert!(plan.analysis_due);
 }
 
 #[test]
