@@ -844,3 +844,48 @@ async fn undo_rolls_the_previous_version_out_again_or_abandons_a_rollout_at_once
     assert!(!out.status.success() && text.contains("revision 9 was never promoted"), "{text}");
     assert_eq!(rig.app("web").await.spec.version, "1", "nothing was written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blue_green_rollout_waits_for_a_quota_that_can_hold_its_preview_and_creates_nothing_before() {
+    let rig = Rig::start("ro-bgq").await;
+    let ns = rig.ns.name.clone();
+    rig.create("web", json!({"replicas": 2, "rollout": {"strategy": blue_green("1s")}})).await;
+    let quotas: kube::Api<k8s_openapi::api::core::v1::ResourceQuota> = kube::Api::namespaced(rig.client.clone(), &ns);
+    let quota = |pods: &str| {
+        serde_json::from_value::<k8s_openapi::api::core::v1::ResourceQuota>(
+            json!({"metadata": {"name": "team"}, "spec": {"hard": {"pods": pods}}}),
+        )
+        .expect("quota")
+    };
+    quotas.create(&kube::api::PostParams::default(), &quota("3")).await.expect("creating the quota");
+    support::wait_for(Duration::from_secs(30), "the quota counts the App's 2 pods", || async {
+        let q = quotas.get("team").await.ok()?;
+        let used = q.status?.used?.get("pods")?.0.clone();
+        (used == "2").then_some(())
+    })
+    .await;
+
+    rig.set_version("web", "2").await;
+    let waiting = rig
+        .wait_until("web", "waiting for quota", |a| (condition(a, "Progressing").1 == "QuotaExceeded").then_some(()))
+        .await;
+    let (_, _, message) = condition(&waiting, "Progressing");
+    assert!(message.contains("ResourceQuota team allows pods 3 with 2 used; 3 more pods need 3"), "{message}");
+    assert_eq!(waiting.status.as_ref().and_then(|s| s.phase), Some(AppPhase::Paused));
+    // Nothing of the preview exists, and the Service stays on the running version.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(rig.deployment("web-canary").await.is_none(), "no part of the preview is created");
+    assert_eq!(selected_track(&rig, "web").await, Ok(Some("stable".to_string())));
+    rig.wait_events("web", &["QuotaExceeded"]).await;
+
+    // Room for the second copy and the promotion's surge pod: the rollout goes on by itself.
+    quotas
+        .patch(
+            "team",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"hard": {"pods": "5"}}})),
+        )
+        .await
+        .expect("growing the quota");
+    rig.wait_healthy("web", "2").await;
+}

@@ -118,6 +118,9 @@ async fn onboarding_and_least_privilege(client: Client) {
     assert!(!can_i(&["bind", "clusterroles/cluster-admin"], None), "cannot bind cluster-admin");
     // A routed canary's HTTPRoute: read and patched (two weights) in onboarded namespaces only,
     // never created, listed or deleted.
+    // Quotas are listed (before a blue-green preview is created), never written.
+    assert!(can_i(&["list", "resourcequotas"], Some(&a)), "list resourcequotas in onboarded {a}");
+    assert!(!can_i(&["update", "resourcequotas"], Some(&a)), "no write of resourcequotas in {a}");
     let routes = "httproutes.gateway.networking.k8s.io";
     assert!(can_i(&["patch", routes], Some(&a)), "patch httproutes in onboarded {a}");
     assert!(can_i(&["get", routes], Some(&b)), "get httproutes in onboarded {b}");

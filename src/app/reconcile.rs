@@ -24,8 +24,8 @@ use super::desired::{
 };
 use super::error::{ReconcileError, retry_delay};
 use super::first_deployment::{is_first_deployment, status_deferral};
-use super::route;
 use super::status::{Blocker, degraded};
+use super::{quota, route};
 use crate::api::conditions::READY;
 use crate::api::names::{self, FIELD_MANAGER};
 use crate::api::template::MAX_TEMPLATE_BYTES;
@@ -206,13 +206,35 @@ async fn reconcile_app(
         canary: canary.as_deref(),
         hpa: hpa.as_deref(),
         route: route.as_ref().map(route::ObservedRoute::state),
+        quota: None,
     };
     let now = crate::api::conditions::now_to_the_second();
     let invalid = |source| ReconcileError::InvalidSettings { namespace: namespace.clone(), name: name.clone(), source };
 
     // Decide: the planner, and once more with measurements when it asks for them.
-    let input = Input { app: &app, observed, measurements: None, now };
+    let mut input = Input { app: &app, observed, measurements: None, now };
     let mut plan = planner::plan(&input).map_err(invalid)?;
+    // A blue-green preview about to be created: its pods must fit in the namespace's quota
+    // beside the running version's, or none is created (`quota`).
+    if plan.preview
+        && canary_cached.is_none()
+        && let Some(preview) = plan.canary.as_ref().and_then(|w| render(&app, &id, w, None))
+        && let Some(spec) = preview.spec.as_ref()
+    {
+        match quota::list(&ctx.client, &namespace).await {
+            Ok(quotas) => {
+                let pod = spec.template.spec.clone().unwrap_or_default();
+                let pods = quota::pods_for_preview(spec.replicas.unwrap_or(0));
+                if let Some(why) = quota::shortfall(&quotas, &pod, pods) {
+                    input.observed.quota = Some(why);
+                    plan = planner::plan(&input).map_err(invalid)?;
+                }
+            }
+            // Without the right to list quotas (an older install), the preview's own pods
+            // report a quota they exceed.
+            Err(e) => warn!(namespace, app = name, error = %e, "could not list ResourceQuotas"),
+        }
+    }
     let measurements;
     if plan.analysis_due {
         // The plan's stable version: recovered from the running Deployment when status lost it.

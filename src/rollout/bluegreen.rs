@@ -56,6 +56,11 @@ impl Planner<'_> {
         let total = bg.replicas;
         let user_paused = paused_by_user(self.app);
         let preview_name = names::preview_service_name(self.name());
+        if self.input.observed.canary.is_none()
+            && let Some(why) = self.input.observed.quota.clone()
+        {
+            return self.preview_waits_for_quota(stable_version, bg, &why);
+        }
         let cr = readiness(self.input.observed.canary, &target, total);
         let waited = self.unavailable_for(&mut bg.unavailable_since, cr.complete);
         let stop = if user_paused || !cr.complete { self.held_analysis() } else { self.analyse(true) };
@@ -131,6 +136,32 @@ impl Planner<'_> {
             },
         };
         self.blue_green_objects(stable_version, bg, outcome)
+    }
+
+    /// The namespace's quota cannot hold a second full copy: nothing of the preview is
+    /// created, the Service stays on the old version, and the rollout waits (its deadline does
+    /// not run) until the quota grows or the App shrinks; one Warning when it starts waiting.
+    fn preview_waits_for_quota(&mut self, stable_version: &str, mut bg: BlueGreenStatus, why: &str) -> Planned {
+        let target = self.target.clone();
+        let message = format!(
+            "the blue-green rollout of {target} waits: the namespace's quota cannot hold its preview ({} pods) beside the running version: {why}",
+            bg.replicas
+        );
+        let waiting = self
+            .app
+            .status
+            .as_ref()
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == PROGRESSING && c.reason == "QuotaExceeded"));
+        if !waiting {
+            self.note(true, "QuotaExceeded", message.clone());
+        }
+        bg.unavailable_since = None;
+        self.look_again_in(Duration::from_secs(30));
+        let stable = self.stable_kept(stable_version, fixed_replicas(self.app));
+        self.active = Some(Track::Stable);
+        self.preview = false;
+        self.status.blue_green = Some(bg);
+        (stable, None, Outcome { phase: AppPhase::Paused, reason: "QuotaExceeded".into(), message })
     }
 
     /// Why the preview Deployment cannot create its pods (a quota that cannot hold two full

@@ -281,3 +281,27 @@ fn a_promotion_recorded_in_the_future_does_not_hold_the_preview() {
     let plan = Run::new(&reverted).stable("1", 2, 2).canary("2", 2, 2).plan(6);
     assert!(plan.canary.is_none() && plan.recheck.is_none(), "no requeue for a clock an hour ahead");
 }
+
+#[test]
+fn a_quota_too_small_for_the_preview_waits_with_nothing_created_and_goes_on_when_it_grows() {
+    let app = blue_green_app(4, true, true);
+    let why = "ResourceQuota team allows pods 6 with 4 used; 4 more pods need 4";
+    let plan = Run::new(&app).stable("1", 4, 4).quota(why).plan(0);
+    assert_eq!(reasons(&plan), ["RolloutStarted", "QuotaExceeded"]);
+    assert!(plan.canary.is_none(), "no part of the preview is created");
+    assert_eq!((plan.active, plan.preview), (Some(Track::Stable), false));
+    assert_eq!(plan.status.phase, Some(AppPhase::Paused));
+    let message = plan.status.conditions.iter().find(|c| c.type_ == PROGRESSING).map(|c| c.message.clone());
+    assert!(message.is_some_and(|m| m.contains(why)), "the quota is named");
+    assert_eq!((image(&plan.stable), replicas(&plan.stable)), ("example.com/web:1".into(), Some(4)));
+
+    // Still too small long after the deadline: it waits, says it once, and is not rolled back.
+    let app = advance(&app, &plan);
+    let later = Run::new(&app).stable("1", 4, 4).quota(why).plan(3600);
+    assert!(later.notes.is_empty(), "{:?}", later.notes);
+    assert_eq!(later.status.phase, Some(AppPhase::Paused));
+    // The quota grew: the preview comes up at full size.
+    let plan = Run::new(&app).stable("1", 4, 4).plan(3601);
+    assert_eq!(plan.canary.as_ref().and_then(replicas), Some(4));
+    assert_eq!(stage(&plan), Some(BlueGreenStage::Preview));
+}

@@ -180,6 +180,9 @@ pub struct Observed<'a> {
     /// (`None` when its rules disagree), or why it cannot be used (`None`: not read, or the
     /// App has none).
     pub route: Option<Result<Option<i32>, String>>,
+    /// Why the namespace's quota cannot hold the blue-green preview the plan would create
+    /// (the reconciler checks when a plan creates one, and plans again with the answer).
+    pub quota: Option<String>,
 }
 
 /// Everything the planner reads.

@@ -110,6 +110,7 @@ struct Run<'a> {
     canary: Option<Deployment>,
     measurements: Option<Vec<Measurement>>,
     route: Option<Result<Option<i32>, String>>,
+    quota: Option<String>,
     app: &'a App,
 }
 
@@ -117,7 +118,7 @@ impl<'a> Run<'a> {
     fn new(app: &'a App) -> Self {
         // A routed App's route is usable unless a test says otherwise.
         let route = app.spec.http_route().map(|_| Ok(Some(0)));
-        Self { stable: None, canary: None, measurements: None, route, app }
+        Self { stable: None, canary: None, measurements: None, route, quota: None, app }
     }
     fn stable(mut self, version: &str, replicas: i32, ready: i32) -> Self {
         self.stable = Some(observed(self.app, Track::Stable, version, replicas, ready));
@@ -130,6 +131,10 @@ impl<'a> Run<'a> {
     }
     fn canary(mut self, version: &str, replicas: i32, ready: i32) -> Self {
         self.canary = Some(observed(self.app, Track::Canary, version, replicas, ready));
+        self
+    }
+    fn quota(mut self, why: &str) -> Self {
+        self.quota = Some(why.to_string());
         self
     }
     fn route(mut self, route: Result<Option<i32>, String>) -> Self {
@@ -148,6 +153,7 @@ impl<'a> Run<'a> {
                 canary: self.canary.as_ref(),
                 hpa: None,
                 route: self.route.clone(),
+                quota: self.quota.clone(),
             },
             measurements: self.measurements.as_deref(),
             now: at(second),
@@ -556,7 +562,7 @@ fn the_stable_pod_template_is_kept_during_a_canary() {
     changed.spec.pod_annotations = Some(BTreeMap::from([("a".to_string(), "b".to_string())]));
     let input = Input {
         app: &changed,
-        observed: Observed { stable: Some(&stable), canary: None, hpa: None, route: None },
+        observed: Observed { stable: Some(&stable), canary: None, hpa: None, route: None, quota: None },
         measurements: None,
         now: at(0),
     };
