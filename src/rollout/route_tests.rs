@@ -70,20 +70,22 @@ fn each_step_sets_its_exact_weight_once_its_pods_are_available_and_is_judged_onl
     assert_eq!(replicas(&plan.stable), Some(5));
 }
 
-/// A routed App at its only step (50%), its route carrying it, judged and passed at `t`.
-fn passed_step(app: &App) -> (App, Plan) {
+/// A routed App of 4 replicas at its first step (`weight`, 2 pods for 50%), the route
+/// carrying that weight since second 1, judged with `runs` at second 11.
+fn judged_step(app: &App, weight: i32, runs: Vec<Measurement>) -> (App, Plan) {
+    let pods = (weight * 4 + 99) / 100;
     let start = Run::new(app).stable("1", 4, 4).plan(0);
     let app = advance(app, &start);
-    let seen = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(50))).plan(1);
+    let seen = Run::new(&app).stable("1", 4, 4).canary("2", pods, pods).route(Ok(Some(weight))).plan(1);
     let app = advance(&app, &seen);
-    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(50))).measured(pass()).plan(11);
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", pods, pods).route(Ok(Some(weight))).measured(runs).plan(11);
     (app, plan)
 }
 
 #[test]
 fn promotion_keeps_the_weight_on_the_route_while_the_stable_version_rolls_then_sets_0_and_drains_the_canary() {
     let app = routed_app(4, &[50]);
-    let (app, plan) = passed_step(&app);
+    let (app, plan) = judged_step(&app, 50, pass());
     assert_eq!(reasons(&plan), ["StepCompleted"]);
     assert_eq!(image(&plan.stable), "example.com/web:2", "promoting: the stable Deployment rolls");
     assert_eq!(plan.route_weight, Some(50), "the canary keeps its share meanwhile");
@@ -119,14 +121,7 @@ fn promoting_from_an_early_step_never_raises_the_weight_and_a_canary_losing_pods
     // At the second step (90%, four pods), two of its pods fail: at most 2 of 4 replicas' share,
     // and never more than the step before's.
     let app = routed_app(4, &[40, 90]);
-    let (app, plan) = {
-        let start = Run::new(&app).stable("1", 4, 4).plan(0);
-        let app = advance(&app, &start);
-        let seen = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(40))).plan(1);
-        let app = advance(&app, &seen);
-        let plan = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(40))).measured(pass()).plan(11);
-        (app, plan)
-    };
+    let (app, plan) = judged_step(&app, 40, pass());
     assert_eq!(reasons(&plan), ["StepCompleted"]);
     let app = advance(&app, &plan);
     let short = Run::new(&app).stable("1", 4, 4).canary("2", 4, 1).route(Ok(Some(40))).plan(12);
@@ -138,12 +133,8 @@ fn promoting_from_an_early_step_never_raises_the_weight_and_a_canary_losing_pods
 #[test]
 fn a_rollback_sets_weight_0_at_once_and_never_shrinks_the_stable_version() {
     let app = routed_app(4, &[50, 100]);
-    let start = Run::new(&app).stable("1", 4, 4).plan(0);
-    let app = advance(&app, &start);
-    let seen = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(50))).plan(1);
-    let app = advance(&app, &seen);
+    let (app, plan) = judged_step(&app, 50, fail());
     let run = Run::new(&app).stable("1", 4, 4).canary("2", 2, 2).route(Ok(Some(50)));
-    let plan = run.clone().measured(fail()).plan(11);
     assert_eq!(plan.route_weight, Some(50), "one failed run of two: the step goes on");
     let app = advance(&app, &plan);
     let plan = Run { app: &app, ..run }.measured(fail()).plan(21);
