@@ -121,6 +121,9 @@ async fn onboarding_and_least_privilege(client: Client) {
     // Quotas are listed (before a blue-green preview is created), never written.
     assert!(can_i(&["list", "resourcequotas"], Some(&a)), "list resourcequotas in onboarded {a}");
     assert!(!can_i(&["update", "resourcequotas"], Some(&a)), "no write of resourcequotas in {a}");
+    // With the Gateway API installed, so that kubectl knows the resource (it answers with a
+    // warning, not yes or no, for one it does not).
+    support::install_gateway_api();
     let routes = "httproutes.gateway.networking.k8s.io";
     assert!(can_i(&["patch", routes], Some(&a)), "patch httproutes in onboarded {a}");
     assert!(can_i(&["get", routes], Some(&b)), "get httproutes in onboarded {b}");

@@ -199,7 +199,9 @@ async fn a_routed_canary_sets_exact_weights_puts_back_drift_and_routes_nothing_t
     wait_weights(&routes, (90, 10), Duration::from_secs(30), "the waiting step").await;
     rig.patch_spec("shop", json!({"rollout": {"strategy": {"canary": {"trafficRouting": null}}}})).await;
     wait_weights(&routes, (100, 0), Duration::from_secs(10), "a route no longer named").await;
-    support::wait_for(Duration::from_secs(10), "the canary Service removed", || async {
+    // The route's backend stays resolvable while the Gateway takes the new weights (the drain).
+    assert!(services.get_opt("shop-canary").await.expect("reading").is_some(), "the canary Service drains first");
+    support::wait_for(Duration::from_secs(25), "the canary Service removed after its drain", || async {
         services.get_opt("shop-canary").await.ok().flatten().is_none().then_some(())
     })
     .await;

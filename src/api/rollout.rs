@@ -214,6 +214,9 @@ pub struct TrafficRoutingStatus {
     /// Why the route cannot be used (missing, or not sending to the App's two Services); the rollout waits meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// When a route the App no longer names had its canary weight set to 0: the canary's Service and pods stay until they have drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_at: Option<Time>,
 }
 
 /// Progress of a blue-green rollout.

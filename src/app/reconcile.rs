@@ -189,14 +189,16 @@ async fn reconcile_app(
         Some(route_name) => Some(route::observe(&ctx.client, &namespace, &name, route_name).await?),
         None => None,
     };
-    // A route the App named (with a canary share on it) but no longer names (the field was
-    // removed or renamed, or the strategy changed): its canary weight goes back to 0 before the
-    // canary's Service and pods go, and status keeps naming it until that is written.
+    // A route status names but the App no longer does (the field was removed or renamed, or
+    // the strategy changed): its canary weight goes back to 0, and the canary's Service and pods
+    // stay until they have drained (`DRAIN`); status keeps naming it until then. Status names
+    // the weight asked for, which may not be the one on the route (a failed patch, a hand
+    // edit), so a route named with weight 0 is read too.
     let retiring = app
         .status
         .as_ref()
         .and_then(|s| s.traffic_routing.clone())
-        .filter(|t| t.canary_weight > 0 && app.spec.http_route() != Some(t.http_route.as_str()));
+        .filter(|t| app.spec.http_route() != Some(t.http_route.as_str()));
     let retired = match &retiring {
         Some(t) => Some(route::observe(&ctx.client, &namespace, &name, &t.http_route).await?),
         None => None,
@@ -216,8 +218,12 @@ async fn reconcile_app(
     let mut plan = planner::plan(&input).map_err(invalid)?;
     // A blue-green preview about to be created: its pods must fit in the namespace's quota
     // beside the running version's, or none is created (`quota`).
+    let preview_unstarted = app.status.as_ref().is_some_and(|s| {
+        s.blue_green.is_none() || s.conditions.iter().any(|c| c.type_ == READY && c.reason == "QuotaExceeded")
+    });
     if plan.preview
         && canary_cached.is_none()
+        && preview_unstarted
         && let Some(preview) = plan.canary.as_ref().and_then(|w| render(&app, &id, w, None))
         && let Some(spec) = preview.spec.as_ref()
     {
@@ -232,7 +238,17 @@ async fn reconcile_app(
             }
             // Without the right to list quotas (an older install), the preview's own pods
             // report a quota they exceed.
-            Err(e) => warn!(namespace, app = name, error = %e, "could not list ResourceQuotas"),
+            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => {
+                warn!(namespace, app = name, error = %e, "could not list ResourceQuotas")
+            }
+            Err(source) => {
+                return Err(ReconcileError::Read {
+                    kind: "ResourceQuota",
+                    namespace: namespace.clone(),
+                    name: String::new(),
+                    source,
+                });
+            }
         }
     }
     let measurements;
@@ -359,37 +375,66 @@ async fn reconcile_app(
     // promotion or a rollback takes the canary's share away in one write, and the canary's
     // pods never go in the pass that lowered it (they drain, `planner::DRAIN`).
     let mut lowered = false;
-    let mut retired_done = retiring.is_none();
+    // The retired route's canary still drains (or cannot be set back): its Service and pods stay.
+    let mut retire_wait: Option<Duration> = None;
     if failure.is_none()
-        && let Some(old) = &retired
+        && let (Some(old), Some(named)) = (&retired, &retiring)
     {
-        match old.pairs.as_ref().ok().and_then(|p| route::weight_patch(p, old.resource_version.as_deref(), 0)) {
-            // A route that is gone, or no longer sends to the App, carries nothing of it.
-            None => retired_done = true,
+        let patch = old.pairs.as_ref().ok().and_then(|p| route::weight_patch(p, old.resource_version.as_deref(), 0));
+        match patch {
             Some(w) => {
                 if !ctx.may_write(&namespace) {
                     return Err(fenced());
                 }
                 match route::set_weights(&ctx.client, &namespace, old, &w.patch).await {
                     Ok(()) => {
-                        retired_done = true;
                         lowered = true;
+                        retire_wait = Some(DRAIN);
                         ctx.note_change(&mut changes, &app_ref, "HTTPRoute", &old.name, true, true, &w.diffs);
+                        plan.status.traffic_routing = Some(crate::api::TrafficRoutingStatus {
+                            canary_weight: 0,
+                            problem: None,
+                            retired_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
+                            ..named.clone()
+                        });
                     }
                     Err(e) => failure = Some(e),
                 }
             }
-        }
-        if retired_done {
-            plan.status.traffic_routing = planned_routing.clone();
+            // At weight 0 already, or sending the App nothing: done once drained.
+            None if old.pairs.is_ok() || old.sends_nothing => {
+                let waited = named
+                    .retired_at
+                    .as_ref()
+                    .map_or(DRAIN, |at| Duration::try_from(now.duration_since(at.0)).unwrap_or(Duration::ZERO));
+                if waited < DRAIN {
+                    retire_wait = Some(DRAIN - waited);
+                } else {
+                    plan.status.traffic_routing = planned_routing.clone();
+                }
+            }
+            // It may still send to the canary, and its weight cannot be written: keep it named.
+            None => {
+                let why = old.pairs.as_ref().err().cloned().unwrap_or_default();
+                retire_wait = Some(ROUTE_RECHECK);
+                plan.status.traffic_routing = Some(crate::api::TrafficRoutingStatus {
+                    problem: Some(format!(
+                        "the App no longer names HTTPRoute {}, whose canary weight must go back to 0 before the canary goes: {why}",
+                        old.name
+                    )),
+                    ..named.clone()
+                });
+            }
         }
     }
-    if failure.is_none() && (route.is_some() || retired_done) {
+    if failure.is_none() {
         let result = if route.is_some() {
             let canary_service = desired_canary_service(&app, &id);
             reconcile_service(&app, &id, ctx, canary_service, planned, &mut changes).await
-        } else {
+        } else if retire_wait.is_none() {
             remove_service(&id, ctx, names::canary_service_name(&id.name), "canary").await
+        } else {
+            Ok(())
         };
         if let Err(e) = result {
             failure = Some(e);
@@ -415,7 +460,7 @@ async fn reconcile_app(
         }
     }
     // Requests may still reach pods whose share was just taken away: they go at a later look.
-    let deletion_held = lowered && to_delete.is_some();
+    let deletion_held = (lowered || retire_wait.is_some()) && to_delete.is_some();
     if deletion_held {
         debug!(namespace, app = name, "the canary drains before it is deleted");
     }
@@ -521,7 +566,11 @@ async fn reconcile_app(
         }
         return Err(err);
     }
-    let recheck = if deletion_held { Some(plan.recheck.map_or(DRAIN, |r| r.min(DRAIN))) } else { plan.recheck };
+    let hold = retire_wait.or(deletion_held.then_some(DRAIN));
+    let recheck = match hold {
+        Some(h) => Some(plan.recheck.map_or(h, |r| r.min(h))),
+        None => plan.recheck,
+    };
     let recheck = match (app.spec.http_route(), &status.rollout) {
         (None, _) => recheck,
         (Some(_), Some(_)) => Some(recheck.map_or(ROUTE_RECHECK, |r| r.min(ROUTE_RECHECK))),

@@ -48,6 +48,9 @@ pub struct ObservedRoute {
     pub name: String,
     pub resource_version: Option<String>,
     pub pairs: Result<Vec<RulePair>, String>,
+    /// The route cannot send the App anything: it does not exist, or no rule names the App's
+    /// Services (as opposed to one that cannot be read, or names them beside others).
+    pub sends_nothing: bool,
 }
 
 impl ObservedRoute {
@@ -57,9 +60,12 @@ impl ObservedRoute {
         let pairs = self.pairs.as_ref().map_err(Clone::clone)?;
         let first = pairs.first().map(|p| (p.stable_weight, p.canary_weight));
         let agreed = pairs.iter().all(|p| Some((p.stable_weight, p.canary_weight)) == first);
-        Ok(first.filter(|(s, c)| agreed && s + c == 100).and_then(|(_, c)| i32::try_from(c).ok()))
+        Ok(first.filter(|(s, c)| agreed && s.checked_add(*c) == Some(100)).and_then(|(_, c)| i32::try_from(c).ok()))
     }
 }
+
+/// How a route that names neither of the App's Services is described.
+const NO_RULE: &str = "has no rule that sends requests";
 
 /// The most of a problem's text kept in status, Events and conditions.
 const PROBLEM_LIMIT: usize = 400;
@@ -140,7 +146,7 @@ pub fn rule_pairs(route: &Value, namespace: &str, app: &str) -> Result<Vec<RuleP
     }
     if pairs.is_empty() {
         return Err(format!(
-            "HTTPRoute {route_name} has no rule that sends requests to the Services {stable} and {canary}: add their two backendRefs to the rule that serves the App"
+            "HTTPRoute {route_name} {NO_RULE} to the Services {stable} and {canary}: add their two backendRefs to the rule that serves the App"
         ));
     }
     Ok(pairs)
@@ -198,7 +204,12 @@ pub async fn observe(
         Err(kube::Error::Api(s)) if s.code == 403 => {
             let why =
                 bounded(format!("the operator may not read HTTPRoute {name} in namespace {namespace}: {}", s.message));
-            return Ok(ObservedRoute { name: name.to_string(), resource_version: None, pairs: Err(why) });
+            return Ok(ObservedRoute {
+                name: name.to_string(),
+                resource_version: None,
+                pairs: Err(why),
+                sends_nothing: false,
+            });
         }
         Err(source) => {
             return Err(ReconcileError::Read {
@@ -210,16 +221,21 @@ pub async fn observe(
         }
     };
     let resource_version = found.as_ref().and_then(|r| r.metadata.resource_version.clone());
+    let mut sends_nothing = found.is_none();
     let pairs = match found {
         None => Err(format!(
             "HTTPRoute {name} does not exist in namespace {namespace} (Flotilla never creates it; is the Gateway API installed?)"
         )),
         Some(route) => match serde_json::to_value(&route) {
-            Ok(value) => rule_pairs(&value, namespace, app).map_err(bounded),
+            Ok(value) => {
+                let pairs = rule_pairs(&value, namespace, app);
+                sends_nothing = pairs.as_ref().is_err_and(|why| why.contains(NO_RULE));
+                pairs.map_err(bounded)
+            }
             Err(e) => Err(bounded(format!("HTTPRoute {name} cannot be read: {e}"))),
         },
     };
-    Ok(ObservedRoute { name: name.to_string(), resource_version, pairs })
+    Ok(ObservedRoute { name: name.to_string(), resource_version, pairs, sends_nothing })
 }
 
 /// Sets the two weights of every rule of `route` that sends to the App, when they differ.

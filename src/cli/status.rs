@@ -586,7 +586,12 @@ History:
     #[test]
     fn a_routed_canary_shows_its_split_or_why_it_waits() {
         let mut a = canary_mid_step();
-        let routed = crate::api::TrafficRoutingStatus { http_route: "shop".into(), canary_weight: 5, problem: None };
+        let routed = crate::api::TrafficRoutingStatus {
+            http_route: "shop".into(),
+            canary_weight: 5,
+            problem: None,
+            retired_at: None,
+        };
         a.status.as_mut().expect("status").traffic_routing = Some(routed.clone());
         let text = render_status(&a, now());
         assert!(text.contains("Route:       HTTPRoute shop: 95% to checkout, 5% to checkout-canary\n"), "{text}");

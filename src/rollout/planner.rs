@@ -915,8 +915,12 @@ impl Planner<'_> {
         if let Some(why) = problem.as_ref().filter(|why| before.as_ref() != Some(*why)) {
             self.note(true, "RouteNotUsable", why.clone());
         }
-        self.status.traffic_routing =
-            Some(TrafficRoutingStatus { http_route, canary_weight: self.route_weight, problem: problem.clone() });
+        self.status.traffic_routing = Some(TrafficRoutingStatus {
+            http_route,
+            canary_weight: self.route_weight,
+            problem: problem.clone(),
+            retired_at: None,
+        });
         problem.is_none().then_some(self.route_weight)
     }
 
