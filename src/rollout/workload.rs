@@ -32,13 +32,3 @@ pub enum Workload {
     /// comes back after a rollback, or draining after its pods stopped taking requests.
     AsObserved,
 }
-
-impl Workload {
-    /// The shape, when the plan renders this Deployment.
-    pub fn shape(&self) -> Option<&DeploymentShape> {
-        match self {
-            Workload::Shape(s) => Some(s),
-            Workload::AsObserved => None,
-        }
-    }
-}
