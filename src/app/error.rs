@@ -70,6 +70,19 @@ pub enum ReconcileError {
     },
 }
 
+/// Shortens `text` to at most `limit` bytes, at a character boundary; whether it did.
+pub fn shorten(text: &mut String, limit: usize) -> bool {
+    if text.len() <= limit {
+        return false;
+    }
+    let mut cut = limit;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    true
+}
+
 /// What an apiserver error says, for status and Events: the apiserver's own message for an
 /// API error (never a dump of the client's types), a short description otherwise.
 pub fn brief(err: &kube::Error) -> String {
@@ -232,6 +245,16 @@ mod tests {
         assert_eq!(conflict.class(), ErrorClass::NameConflict);
         let d = |n| retry_delay(ErrorClass::NameConflict, n).map(|d| d.as_secs());
         assert_eq!([d(0), d(1), d(4), d(30)], [Some(10); 4]);
+    }
+
+    #[test]
+    fn text_is_shortened_at_a_character_boundary() {
+        let mut text = "ab\u{e9}cd".to_string();
+        assert!(shorten(&mut text, 3), "the accented letter takes bytes 2 and 3");
+        assert_eq!(text, "ab");
+        let mut short = "abc".to_string();
+        assert!(!shorten(&mut short, 3));
+        assert_eq!(short, "abc");
     }
 
     #[test]

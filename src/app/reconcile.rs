@@ -958,13 +958,7 @@ impl Context {
             return;
         }
         let mut note = note;
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
+        super::error::shorten(&mut note, 1000);
         let event =
             Event { type_, reason: reason.to_string(), note: Some(note), action: action.to_string(), secondary: None };
         if let Err(e) = self.recorder.publish(&event, reference).await {

@@ -13,7 +13,7 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::desired::Difference;
-use super::error::ReconcileError;
+use super::error::{ReconcileError, shorten};
 use crate::api::names;
 
 /// The field manager of the weights Flotilla sets on a route.
@@ -71,12 +71,7 @@ const NO_RULE: &str = "has no rule that sends requests";
 const PROBLEM_LIMIT: usize = 400;
 
 fn bounded(mut text: String) -> String {
-    if text.len() > PROBLEM_LIMIT {
-        let mut cut = PROBLEM_LIMIT;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
+    if shorten(&mut text, PROBLEM_LIMIT) {
         text.push_str("...");
     }
     text
