@@ -171,8 +171,7 @@ impl Planner<'_> {
     /// the requests needs, rounded up, and the stable Deployment keeps all of its own.
     fn canary_size(&self, weight: i32) -> i32 {
         if self.settings.route.is_some() {
-            let exact = (i64::from(weight.clamp(0, 100)) * i64::from(self.total.max(0)) + 99) / 100;
-            i32::try_from(exact).unwrap_or(i32::MAX).clamp(1, self.total.max(1))
+            routed_canary_replicas(weight, self.total)
         } else {
             canary_replicas(weight, self.total)
         }

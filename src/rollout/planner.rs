@@ -21,7 +21,7 @@ use std::time::Duration;
 use super::analysis::{explain, summarise};
 use super::replicas::{
     Readiness, canary_replicas, fixed_replicas, readiness, ready_replicas, replica_failure, revision_of,
-    stable_replicas, total_replicas,
+    routed_canary_replicas, stable_replicas, total_replicas,
 };
 use super::workload::{DeploymentShape, Workload};
 use crate::api::conditions::{DesiredCondition, merge_conditions};

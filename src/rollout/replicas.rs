@@ -47,9 +47,17 @@ pub fn total_replicas(app: &App, stable: Option<&Deployment>, hpa: Option<&Horiz
 /// when there are at least two replicas, at most total-1 so that the stable version keeps
 /// serving until promotion.
 pub fn canary_replicas(weight: i32, total: i32) -> i32 {
-    let exact = (i64::from(weight.clamp(0, 100)) * i64::from(total.max(0)) + 50) / 100;
+    let exact = (i64::from(weight.clamp(0, 100)) * i64::from(total.max(0)) + 99) / 100;
     let upper = (total - 1).max(1);
     i32::try_from(exact).unwrap_or(i32::MAX).clamp(1, upper)
+}
+
+/// Canary replicas at `weight` percent of `total` when an HTTPRoute, not the pod count, sets
+/// the canary's share: as many as that share of the requests needs, rounded up, at least 1
+/// and at most `total` (the stable Deployment keeps all of its own beside them).
+pub fn routed_canary_replicas(weight: i32, total: i32) -> i32 {
+    let exact = (i64::from(weight.clamp(0, 100)) * i64::from(total.max(0)) + 99) / 100;
+    i32::try_from(exact).unwrap_or(i32::MAX).clamp(1, total.max(1))
 }
 
 /// Stable replicas while `canary_available` of the `canary_wanted` canary replicas are
@@ -142,6 +150,15 @@ mod tests {
         ];
         for (weight, total, want) in cases {
             assert_eq!(canary_replicas(weight, total), want, "weight {weight} of {total}");
+        }
+    }
+
+    #[test]
+    fn table_of_routed_canary_sizes() {
+        // (weight, total, canary): rounded up, at least one, up to every replica.
+        let cases = [(5, 5, 1), (40, 5, 2), (60, 4, 3), (100, 4, 4), (1, 1000, 10), (50, 1, 1), (10, 0, 1)];
+        for (weight, total, want) in cases {
+            assert_eq!(routed_canary_replicas(weight, total), want, "weight {weight} of {total}");
         }
     }
 
