@@ -386,11 +386,10 @@ async fn reconcile_app(
                 if !ctx.may_write(&namespace) {
                     return Err(fenced());
                 }
-                match route::set_weights(&ctx.client, &namespace, old, &w.patch).await {
+                match ctx.write_weights(&app_ref, old, &w, true, &mut changes).await {
                     Ok(()) => {
                         lowered = true;
                         retire_wait = Some(DRAIN);
-                        ctx.note_change(&mut changes, &app_ref, "HTTPRoute", &old.name, true, true, &w.diffs);
                         plan.status.traffic_routing = Some(crate::api::TrafficRoutingStatus {
                             canary_weight: 0,
                             problem: None,
@@ -451,11 +450,8 @@ async fn reconcile_app(
         // The plan moved the weight (a step, a promotion, a rollback), or a hand edit is put back.
         let before = previous.traffic_routing.as_ref().map(|t| t.canary_weight);
         let moved = before != Some(weight);
-        match route::set_weights(&ctx.client, &namespace, route, &w.patch).await {
-            Ok(()) => {
-                lowered |= w.lowered;
-                ctx.note_change(&mut changes, &app_ref, "HTTPRoute", &route.name, true, moved, &w.diffs);
-            }
+        match ctx.write_weights(&app_ref, route, &w, moved, &mut changes).await {
+            Ok(()) => lowered |= w.lowered,
             Err(e) => failure = Some(e),
         }
     }
@@ -920,6 +916,23 @@ pub fn describe_change(
 }
 
 impl Context {
+    /// Writes the weights of `w` to `route` and adds the change to this reconcile's Events
+    /// (`moved`: the plan moved them; otherwise a hand edit is put back). The caller checks
+    /// the fence.
+    async fn write_weights(
+        &self,
+        app: &k8s_openapi::api::core::v1::ObjectReference,
+        route: &route::ObservedRoute,
+        w: &route::WeightPatch,
+        moved: bool,
+        changes: &mut Changes,
+    ) -> Result<(), ReconcileError> {
+        let namespace = app.namespace.as_deref().unwrap_or_default();
+        route::set_weights(&self.client, namespace, route, &w.patch).await?;
+        self.note_change(changes, app, "HTTPRoute", &route.name, true, moved, &w.diffs);
+        Ok(())
+    }
+
     /// Logs a change made to one of the App's objects and adds it to this reconcile's Events.
     #[allow(clippy::too_many_arguments)]
     fn note_change(

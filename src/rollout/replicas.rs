@@ -47,7 +47,7 @@ pub fn total_replicas(app: &App, stable: Option<&Deployment>, hpa: Option<&Horiz
 /// when there are at least two replicas, at most total-1 so that the stable version keeps
 /// serving until promotion.
 pub fn canary_replicas(weight: i32, total: i32) -> i32 {
-    let exact = (i64::from(weight.clamp(0, 100)) * i64::from(total.max(0)) + 99) / 100;
+    let exact = (i64::from(weight.clamp(0, 100)) * i64::from(total.max(0)) + 50) / 100;
     let upper = (total - 1).max(1);
     i32::try_from(exact).unwrap_or(i32::MAX).clamp(1, upper)
 }
@@ -141,6 +141,7 @@ mod tests {
         let cases = [
             (20, 10, 2),
             (25, 10, 3), // 2.5 rounds up
+            (21, 10, 2), // 2.1 rounds down: to the nearest, not up
             (50, 4, 2),
             (1, 10, 1),   // at least one
             (100, 10, 9), // stable keeps one until promotion
