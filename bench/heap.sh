@@ -17,10 +17,10 @@ export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
 per_ns=$(( (APPS + NAMESPACES - 1) / NAMESPACES ))
 
 bash hack/prerequisites.sh
-if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null; then
-  echo ">> installing heaptrack (apt-get)"
-  apt-get install -y heaptrack >/dev/null || {
-    echo "heaptrack is missing and could not be installed: run 'apt-get install heaptrack'" >&2
+if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null || ! command -v c++filt >/dev/null; then
+  echo ">> installing heaptrack and binutils (apt-get)"
+  apt-get install -y heaptrack binutils >/dev/null || {
+    echo "heaptrack or c++filt is missing and could not be installed: run 'apt-get install heaptrack binutils'" >&2
     exit 1
   }
 fi
@@ -39,12 +39,17 @@ trap cleanup EXIT
 
 bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
 list=$(seq -f "heap-%04g" 0 $((NAMESPACES - 1)) | paste -sd, -)
-printf 'apiVersion: flotilla.dev/v1beta1\nkind: Tenant\nmetadata: {name: heap}\nspec: {namespaces: [%s]}\n' "$list" | kubectl apply -f - >/dev/null
+# A Tenant lists at most 100 namespaces: one Tenant per hundred.
+for t in $(seq 0 $(( (NAMESPACES - 1) / 100 ))); do
+  part=$(seq -f "heap-%04g" $((t * 100)) $(( t * 100 + 99 < NAMESPACES - 1 ? t * 100 + 99 : NAMESPACES - 1 )) | paste -sd, -)
+  printf 'apiVersion: flotilla.dev/v1beta1\nkind: Tenant\nmetadata: {name: heap-%d}\nspec: {namespaces: [%s]}\n' "$t" "$part"
+  echo ---
+done | kubectl apply -f - >/dev/null
 heaptrack -o "$WORK/heap" "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9670 --webhook-addr 127.0.0.1:0 \
   --replica-id heap-0 >"$WORK/replica.log" 2>&1 &
 PID=$!
 until curl -fs 127.0.0.1:9670/readyz >/dev/null 2>&1; do sleep 0.5; done
-until [ "$(kubectl get tenant heap -o jsonpath='{.status.namespaces[*].state}' | tr ' ' '\n' | grep -c '^Onboarded$')" -ge "$NAMESPACES" ]; do sleep 1; done
+until [ "$(kubectl get tenants -o jsonpath='{.items[*].status.namespaces[*].state}' | tr ' ' '\n' | grep -c '^Onboarded$')" -ge "$NAMESPACES" ]; do sleep 1; done
 echo ">> creating $APPS Apps in $NAMESPACES namespaces"
 n=0
 for ns in ${list//,/ }; do
@@ -73,18 +78,31 @@ echo ">> profile kept in $kept (heaptrack_gui or heaptrack_print can read it)"
 heaptrack_print -f "$file" --print-peaks 0 --print-allocators 0 --print-temporary 0 --print-leaks 0 \
   --print-flamegraph "$WORK/folded" --flamegraph-cost-type peak >/dev/null
 python3 - "$WORK/folded" <<'PY'
-import collections, re, sys
-skip = re.compile(r"^(alloc|core|std|__rust|<alloc|<core|hashbrown|<hashbrown|smallvec|bytes::|<bytes|malloc|operator new|heaptrack|\?\?|<\?\?)")
-by = collections.Counter()
-total = 0
+# Frames are Rust v0 symbols with their file's name, "sym (file.rs)": demangled with c++filt
+# (binutils), then the innermost frames outside the allocator and the standard containers
+# name the holder (the innermost three, innermost first).
+import collections, re, subprocess, sys
+rows, frames = [], set()
 for line in open(sys.argv[1]):
     stack, _, cost = line.rstrip().rpartition(" ")
-    cost = int(cost)
+    fs = stack.split(";")
+    rows.append((fs, int(cost)))
+    frames.update(fs)
+frames = sorted(frames)
+names = [f.rsplit(" (", 1)[0] if f.endswith(")") else f for f in frames]
+out = subprocess.run(["c++filt"], input="\n".join(names) + "\n", capture_output=True, text=True).stdout.split("\n")
+plain = {}
+for f, o in zip(frames, out):
+    file = f.rsplit(" (", 1)[1][:-1] if f.endswith(")") else ""
+    plain[f] = (re.sub(r"\[[0-9a-f]{16}\]", "", o), file)
+std = re.compile(r"^(alloc|mod|slice|boxed|string|sync|rc|map|clone|spec_from_iter.*|spec_extend|raw|cow|borrow|node"
+                 r"|fmt|function|ops|option|result|iterator|collect|in_place_collect|set|append|entry|search|heaptrack.*)\.rs$|^$")
+by, total = collections.Counter(), 0
+for fs, cost in rows:
     total += cost
-    frames = stack.split(";")[::-1]  # innermost first
-    owner = next((f for f in frames if not skip.match(f)), frames[0] if frames else "?")
-    by[re.sub(r"<.*", "", owner)[:110]] += cost
-print(f"heap at peak: {total / 2**20:.1f} MiB; largest holders (innermost frame outside alloc/core/std):")
+    kept = [(n, f) for n, f in (plain[x] for x in fs) if not std.match(f) and "malloc" not in n]
+    by[" < ".join(f"{n[:60]} ({f})" for n, f in kept[-3:][::-1]) if kept else "?"] += cost
+print(f"heap at peak: {total / 2**20:.1f} MiB; largest holders (innermost frames outside alloc/core/std):")
 for name, cost in by.most_common(25):
     print(f"  {cost / 2**20:7.2f} MiB  {100 * cost / total:5.1f}%  {name}")
 PY
