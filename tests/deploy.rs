@@ -130,6 +130,31 @@ fn the_helm_chart_values_reach_the_deployment_and_pass_a_server_side_dry_run() {
     ] {
         assert!(env.contains(want), "{want} in {env}");
     }
+    // The shard fence: one binding per shard of the 64, each naming its shard's Lease, and the
+    // one that shuts any other shard.
+    let objects = objects(&rendered);
+    let binding = |name: &str| {
+        objects
+            .get(&("ValidatingAdmissionPolicyBinding".to_string(), String::new(), name.to_string()))
+            .cloned()
+            .unwrap_or_else(|| panic!("binding {name} is rendered"))
+    };
+    for shard in 0..64 {
+        let b = binding(&format!("flotilla-shard-fence-{shard}"));
+        assert_eq!(b.pointer("/spec/paramRef/name"), Some(&serde_json::json!(format!("flotilla-shard-{shard}"))));
+        assert_eq!(
+            b.pointer("/spec/matchResources/namespaceSelector/matchLabels"),
+            Some(&serde_json::json!({"flotilla.dev/shard": shard.to_string()}))
+        );
+    }
+    let bindings = objects.keys().filter(|(kind, _, _)| kind == "ValidatingAdmissionPolicyBinding");
+    assert_eq!(bindings.filter(|(_, _, n)| n.starts_with("flotilla-shard-fence-")).count(), 65, "64 shards and unbound");
+    let unbound = binding("flotilla-shard-fence-unbound");
+    let shards: Vec<String> = (0..64).map(|s| s.to_string()).collect();
+    assert_eq!(
+        unbound.pointer("/spec/matchResources/namespaceSelector/matchExpressions/0"),
+        Some(&serde_json::json!({"key": "flotilla.dev/shard", "operator": "NotIn", "values": shards}))
+    );
     let file = std::env::temp_dir().join(format!("flotilla-helm-{}.yaml", std::process::id()));
     std::fs::write(&file, &rendered).expect("writing the rendered chart");
     let (ok, out) = kubectl_try(&[

@@ -351,13 +351,13 @@ async fn shard_fence(client: Client) {
         (held == "tenancy").then_some(())
     })
     .await;
-    let write_as = |kubeconfig: &std::path::Path| {
+    let write_as = |kubeconfig: &std::path::Path, ns: &str| {
         let out = std::process::Command::new(support::kubectl())
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args([
                 "-n",
-                &ns,
+                ns,
                 "create",
                 "deployment",
                 "late-write",
@@ -372,15 +372,35 @@ async fn shard_fence(client: Client) {
         )
     };
     let impostor = operator_kubeconfig("fence-impostor");
-    let (ok, out) = write_as(&impostor);
+    let (ok, out) = write_as(&impostor, &ns);
     assert!(!ok, "a replica that does not hold {lease} wrote in {ns}: {out}");
     assert!(
         out.contains(&format!("flotilla-shard-fence: replica fence-impostor does not hold shard Lease {lease}"))
             && out.contains("held by tenancy"),
         "refused by the shard fence, naming the replica, the Lease and its holder: {out}"
     );
-    let (ok, out) = write_as(&operator_kubeconfig("tenancy"));
+    let (ok, out) = write_as(&operator_kubeconfig("tenancy"), &ns);
     assert!(ok, "the holder of {lease} may write in {ns}: {out}");
+
+    // A namespace of a shard that has no binding (bindings made for fewer shards than the
+    // operator runs with) is shut: no replica's write passes, whoever holds what.
+    let unbound = format!("{tenant}-unbound");
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": unbound,
+        "labels": {"flotilla.dev/tenant": tenant, "flotilla.dev/shard": "40"}}}))
+    .expect("namespace");
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await.expect("namespace");
+    let rights: RoleBinding = serde_json::from_value(json!({"metadata": {"name": "workloads", "namespace": unbound},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant-workloads"},
+        "subjects": [{"kind": "ServiceAccount", "name": "flotilla", "namespace": "flotilla-system"}]}))
+    .expect("role binding");
+    Api::<RoleBinding>::namespaced(client.clone(), &unbound).create(&PostParams::default(), &rights).await.expect("rights");
+    let (ok, out) = write_as(&operator_kubeconfig("tenancy"), &unbound);
+    let _ = Api::<Namespace>::all(client.clone()).delete(&unbound, &DeleteParams::default()).await;
+    assert!(!ok, "a replica wrote in {unbound}, of shard 40, which has no binding: {out}");
+    assert!(
+        out.contains(&format!("namespace {unbound} is in shard 40, which has no flotilla-shard-fence binding")),
+        "refused by flotilla-shard-fence-unbound, saying why: {out}"
+    );
 
     // A replica id that is not the Pod its token is bound to would have every write refused:
     // the replica says so and exits instead of running fenced out of everything.
