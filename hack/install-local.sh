@@ -20,7 +20,8 @@ for try in $(seq 20); do
 done
 kubectl apply -f "$root/deploy/base/namespace.yaml" >/dev/null
 kubectl apply -k "$root/rbac" >/dev/null
-# The single shard-fence binding of older installs (one binding per shard now).
+# The shard fence of older installs: one binding over every Lease (one per shard now).
 kubectl delete validatingadmissionpolicybinding flotilla-shard-fence --ignore-not-found >/dev/null
+kubectl delete validatingadmissionpolicy flotilla-shard-fence --ignore-not-found >/dev/null
 kubectl apply -f "$root/deploy/base/flowschema.yaml" >/dev/null
 bash "$here/operator-kubeconfig.sh" "$cluster" "$out" "${3:-}"

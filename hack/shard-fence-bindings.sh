@@ -9,7 +9,7 @@
 set -euo pipefail
 SHARDS=${1:-32}
 NAMESPACE=${2:-flotilla-system}
-[[ "$SHARDS" =~ ^[0-9]+$ ]] && [ "$SHARDS" -ge 1 ] && [ "$SHARDS" -le 4096 ] || {
+[[ "$SHARDS" =~ ^[1-9][0-9]{0,3}$ ]] && [ "$SHARDS" -le 4096 ] || {
   echo "error: SHARDS must be a number from 1 to 4096 (the operator's --shards)" >&2
   exit 1
 }
@@ -23,7 +23,7 @@ metadata:
   name: flotilla-shard-fence-$i
   labels: {app.kubernetes.io/name: flotilla}
 spec:
-  policyName: flotilla-shard-fence
+  policyName: flotilla-shard-fence-per-shard
   validationActions: [Deny]
   paramRef:
     name: flotilla-shard-$i

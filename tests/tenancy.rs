@@ -384,22 +384,71 @@ async fn shard_fence(client: Client) {
 
     // A namespace of a shard that has no binding (bindings made for fewer shards than the
     // operator runs with) is shut: no replica's write passes, whoever holds what.
+    let workloads_namespace = |name: String, labels: Value| {
+        let client = client.clone();
+        async move {
+            let namespace: Namespace =
+                serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).expect("namespace");
+            Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await.expect("namespace");
+            let rights: RoleBinding = serde_json::from_value(json!({"metadata": {"name": "workloads", "namespace": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant-workloads"},
+                "subjects": [{"kind": "ServiceAccount", "name": "flotilla", "namespace": "flotilla-system"}]}))
+            .expect("role binding");
+            Api::<RoleBinding>::namespaced(client, &name).create(&PostParams::default(), &rights).await.expect("rights");
+        }
+    };
     let unbound = format!("{tenant}-unbound");
-    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": unbound,
-        "labels": {"flotilla.dev/tenant": tenant, "flotilla.dev/shard": "40"}}}))
-    .expect("namespace");
-    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await.expect("namespace");
-    let rights: RoleBinding = serde_json::from_value(json!({"metadata": {"name": "workloads", "namespace": unbound},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant-workloads"},
-        "subjects": [{"kind": "ServiceAccount", "name": "flotilla", "namespace": "flotilla-system"}]}))
-    .expect("role binding");
-    Api::<RoleBinding>::namespaced(client.clone(), &unbound).create(&PostParams::default(), &rights).await.expect("rights");
+    workloads_namespace(unbound.clone(), json!({"flotilla.dev/tenant": tenant, "flotilla.dev/shard": "40"})).await;
     let (ok, out) = write_as(&operator_kubeconfig("tenancy"), &unbound);
     let _ = Api::<Namespace>::all(client.clone()).delete(&unbound, &DeleteParams::default()).await;
     assert!(!ok, "a replica wrote in {unbound}, of shard 40, which has no binding: {out}");
     assert!(
         out.contains(&format!("namespace {unbound} is in shard 40, which has no flotilla-shard-fence binding")),
         "refused by flotilla-shard-fence-unbound, saying why: {out}"
+    );
+
+    // A binding whose Lease is not the namespace's shard's (what the apiserver meets when a
+    // namespace is relabelled between its look at the bindings and its look at the
+    // namespace) refuses, even when that Lease's holder is the writer.
+    let other = format!("flotilla-shard-{}", (shard + 1) % 32);
+    wait_for(SETTLE, &format!("{other} held by replica tenancy"), || async {
+        let held = leases.get(&other).await.ok()?.spec?.holder_identity?;
+        (held == "tenancy").then_some(())
+    })
+    .await;
+    let stray = format!("{tenant}-stray");
+    workloads_namespace(
+        stray.clone(),
+        json!({"flotilla.dev/tenant": tenant, "flotilla.dev/shard": shard.to_string(), "flotilla.dev/fence-test": tenant}),
+    )
+    .await;
+    let bindings = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+        )),
+    );
+    let binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": stray},
+        "spec": {"policyName": "flotilla-shard-fence-per-shard", "validationActions": ["Deny"],
+            "paramRef": {"name": other, "namespace": "flotilla-system", "parameterNotFoundAction": "Allow"},
+            "matchResources": {"namespaceSelector": {"matchLabels": {"flotilla.dev/fence-test": tenant}}}}}))
+    .expect("binding");
+    bindings.create(&PostParams::default(), &binding).await.expect("stray binding");
+    // The apiserver sees a new binding within a moment: the write is refused once it does.
+    let refused = wait_for(Duration::from_secs(20), "the write refused through the stray binding", || async {
+        let (ok, out) = write_as(&operator_kubeconfig("tenancy"), &stray);
+        (!ok).then_some(out)
+    })
+    .await;
+    let _ = bindings.delete(&stray, &DeleteParams::default()).await;
+    let _ = Api::<Namespace>::all(client.clone()).delete(&stray, &DeleteParams::default()).await;
+    assert!(
+        refused.contains(&format!("namespace {stray} is in shard Lease flotilla-shard-{shard} but met the binding of {other}")),
+        "refused by the per-shard policy, naming both Leases: {refused}"
     );
 
     // A replica id that is not the Pod its token is bound to would have every write refused:

@@ -326,8 +326,9 @@ pub fn install_operator_rbac() {
             &root.join("deploy/base/namespace.yaml").display().to_string(),
         ]);
         kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-k", &root.join("rbac").display().to_string()]);
-        // The single shard-fence binding of older installs (one binding per shard now).
+        // The shard fence of older installs: one binding over every Lease (one per shard now).
         kubectl_ok(&["delete", "validatingadmissionpolicybinding", "flotilla-shard-fence", "--ignore-not-found"]);
+        kubectl_ok(&["delete", "validatingadmissionpolicy", "flotilla-shard-fence", "--ignore-not-found"]);
         kubectl_ok(&[
             "apply",
             "--server-side",
