@@ -60,7 +60,7 @@ pub struct Context {
     pub pod_policy: Arc<crate::app::pod_policy::PodPolicy>,
     failures: Mutex<HashMap<(String, String), u32>>,
     /// The fingerprint of the status this replica last wrote per App, until the cache shows it.
-    written: Mutex<HashMap<(String, String), (u64, Instant)>>,
+    written: Mutex<HashMap<(String, String), Written>>,
     /// Services this replica applied, until the Service cache shows them.
     applied_services: Mutex<HashMap<(String, String), Applied>>,
     /// Per ConfigMap an App reads: the resourceVersion whose data was last read, and that
@@ -70,6 +70,9 @@ pub struct Context {
 
 /// The resourceVersion this replica's apply returned, and when.
 type Applied = (Option<String>, Instant);
+
+/// The fingerprint of a status this replica wrote (`status_fingerprint`), and when.
+type Written = (Option<u64>, Instant);
 
 /// How long a written status may take to show in the cache before the cache is trusted anyway.
 const WRITE_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
@@ -268,16 +271,23 @@ impl Context {
     }
 }
 
-/// A status's fingerprint: FNV-1a-64 of its JSON, which serde writes in field order, so two
-/// statuses have the same JSON exactly when they are equal.
-fn status_fingerprint(status: &AppStatus) -> u64 {
-    crate::api::fingerprint::fnv1a64(&serde_json::to_vec(status).unwrap_or_default())
+/// A status's fingerprint: a keyed hash (SipHash, with a key drawn once per process, so that
+/// no one can craft two statuses that collide) of its JSON, which serde writes in field order
+/// with every map sorted. Equal fingerprints mean the cache shows the status written; a status
+/// that reads back differently (a float one step off) only waits out `WRITE_VISIBLE_WITHIN`,
+/// as with `==` before. `None` when the status cannot be written as JSON (it always can).
+fn status_fingerprint(status: &AppStatus) -> Option<u64> {
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
+    let json = serde_json::to_vec(status).ok()?;
+    Some(std::hash::BuildHasher::hash_one(KEY.get_or_init(Default::default), json))
 }
 
 /// Whether a status written at `at` (its fingerprint `written`) is still to show in the cache,
-/// which shows `cached`: it does not show it yet, and the write is recent.
-fn write_pending(written: u64, at: Instant, cached: Option<&AppStatus>) -> bool {
-    cached.map(status_fingerprint) != Some(written) && at.elapsed() <= WRITE_VISIBLE_WITHIN
+/// which shows `cached`: it does not show it yet, and the write is recent. A fingerprint that
+/// could not be made matches nothing: the wait ends only with `WRITE_VISIBLE_WITHIN`.
+fn write_pending(written: Option<u64>, at: Instant, cached: Option<&AppStatus>) -> bool {
+    let shown = written.is_some() && cached.and_then(status_fingerprint) == written;
+    !shown && at.elapsed() <= WRITE_VISIBLE_WITHIN
 }
 
 /// Whether the cache (showing `cached`, a resourceVersion) may not yet show the object this
