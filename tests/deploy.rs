@@ -148,7 +148,11 @@ fn the_helm_chart_values_reach_the_deployment_and_pass_a_server_side_dry_run() {
         );
     }
     let bindings = objects.keys().filter(|(kind, _, _)| kind == "ValidatingAdmissionPolicyBinding");
-    assert_eq!(bindings.filter(|(_, _, n)| n.starts_with("flotilla-shard-fence-")).count(), 65, "64 shards and unbound");
+    assert_eq!(
+        bindings.filter(|(_, _, n)| n.starts_with("flotilla-shard-fence-")).count(),
+        65,
+        "64 shards and unbound"
+    );
     let unbound = binding("flotilla-shard-fence-unbound");
     let shards: Vec<String> = (0..64).map(|s| s.to_string()).collect();
     assert_eq!(

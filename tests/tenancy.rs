@@ -394,7 +394,10 @@ async fn shard_fence(client: Client) {
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flotilla-tenant-workloads"},
                 "subjects": [{"kind": "ServiceAccount", "name": "flotilla", "namespace": "flotilla-system"}]}))
             .expect("role binding");
-            Api::<RoleBinding>::namespaced(client, &name).create(&PostParams::default(), &rights).await.expect("rights");
+            Api::<RoleBinding>::namespaced(client, &name)
+                .create(&PostParams::default(), &rights)
+                .await
+                .expect("rights");
         }
     };
     let unbound = format!("{tenant}-unbound");
@@ -447,7 +450,9 @@ async fn shard_fence(client: Client) {
     let _ = bindings.delete(&stray, &DeleteParams::default()).await;
     let _ = Api::<Namespace>::all(client.clone()).delete(&stray, &DeleteParams::default()).await;
     assert!(
-        refused.contains(&format!("namespace {stray} is in shard Lease flotilla-shard-{shard} but met the binding of {other}")),
+        refused.contains(&format!(
+            "namespace {stray} is in shard Lease flotilla-shard-{shard} but met the binding of {other}"
+        )),
         "refused by the per-shard policy, naming both Leases: {refused}"
     );
 
