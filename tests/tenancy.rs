@@ -346,11 +346,17 @@ async fn shard_fence(client: Client) {
     );
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), "flotilla-system");
     let lease = format!("flotilla-shard-{shard}");
-    wait_for(SETTLE, &format!("{lease} held by replica tenancy"), || async {
-        let held = leases.get(&lease).await.ok()?.spec?.holder_identity?;
-        (held == "tenancy").then_some(())
-    })
-    .await;
+    let held_by_tenancy = |lease: String| {
+        let leases = leases.clone();
+        async move {
+            wait_for(SETTLE, &format!("{lease} held by replica tenancy"), || async {
+                let held = leases.get(&lease).await.ok()?.spec?.holder_identity?;
+                (held == "tenancy").then_some(())
+            })
+            .await
+        }
+    };
+    held_by_tenancy(lease.clone()).await;
     let write_as = |kubeconfig: &std::path::Path, ns: &str| {
         let out = std::process::Command::new(support::kubectl())
             .arg("--kubeconfig")
@@ -379,7 +385,8 @@ async fn shard_fence(client: Client) {
             && out.contains("held by tenancy"),
         "refused by the shard fence, naming the replica, the Lease and its holder: {out}"
     );
-    let (ok, out) = write_as(&operator_kubeconfig("tenancy"), &ns);
+    let holder = operator_kubeconfig("tenancy");
+    let (ok, out) = write_as(&holder, &ns);
     assert!(ok, "the holder of {lease} may write in {ns}: {out}");
 
     // A namespace of a shard that has no binding (bindings made for fewer shards than the
@@ -402,7 +409,7 @@ async fn shard_fence(client: Client) {
     };
     let unbound = format!("{tenant}-unbound");
     workloads_namespace(unbound.clone(), json!({"flotilla.dev/tenant": tenant, "flotilla.dev/shard": "40"})).await;
-    let (ok, out) = write_as(&operator_kubeconfig("tenancy"), &unbound);
+    let (ok, out) = write_as(&holder, &unbound);
     let _ = Api::<Namespace>::all(client.clone()).delete(&unbound, &DeleteParams::default()).await;
     assert!(!ok, "a replica wrote in {unbound}, of shard 40, which has no binding: {out}");
     assert!(
@@ -414,11 +421,7 @@ async fn shard_fence(client: Client) {
     // namespace is relabelled between its look at the bindings and its look at the
     // namespace) refuses, even when that Lease's holder is the writer.
     let other = format!("flotilla-shard-{}", (shard + 1) % 32);
-    wait_for(SETTLE, &format!("{other} held by replica tenancy"), || async {
-        let held = leases.get(&other).await.ok()?.spec?.holder_identity?;
-        (held == "tenancy").then_some(())
-    })
-    .await;
+    held_by_tenancy(other.clone()).await;
     let stray = format!("{tenant}-stray");
     workloads_namespace(
         stray.clone(),
@@ -443,7 +446,7 @@ async fn shard_fence(client: Client) {
     bindings.create(&PostParams::default(), &binding).await.expect("stray binding");
     // The apiserver sees a new binding within a moment: the write is refused once it does.
     let refused = wait_for(Duration::from_secs(20), "the write refused through the stray binding", || async {
-        let (ok, out) = write_as(&operator_kubeconfig("tenancy"), &stray);
+        let (ok, out) = write_as(&holder, &stray);
         (!ok).then_some(out)
     })
     .await;
