@@ -19,9 +19,10 @@ export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
 PROM_PORT=${FLOTILLA_DEMO_PROMETHEUS_PORT:-9490}
 WEBHOOK_PORT=${FLOTILLA_DEMO_WEBHOOK_PORT:-9443}
 EXPORTER_PORT=${FLOTILLA_DEMO_EXPORTER_PORT:-9470}
+DASHBOARD_PORT=${FLOTILLA_DEMO_DASHBOARD_PORT:-3100}
 
 stop_operators() {
-  for pidfile in "$DEMO"/operator-*.pid "$DEMO"/prometheus.pid "$DEMO"/exporter.pid; do
+  for pidfile in "$DEMO"/operator-*.pid "$DEMO"/prometheus.pid "$DEMO"/exporter.pid "$DEMO"/dashboard.pid; do
     [ -f "$pidfile" ] || continue
     kill "$(cat "$pidfile")" 2>/dev/null || true
     rm -f "$pidfile"
@@ -111,6 +112,15 @@ for i in $(seq 0 $((REPLICAS - 1))); do
   echo ">> operator replica flotilla-$i ready: metrics on http://127.0.0.1:$((9460 + i))/metrics, log $DEMO/operator-$i.log"
 done
 
+# The web dashboard, with the admin's kubeconfig: open it now to watch the rollouts below.
+nohup "$BIN" dashboard --kubeconfig "$KUBECONFIG" --port "$DASHBOARD_PORT" >"$DEMO/dashboard.log" 2>&1 &
+echo $! >"$DEMO/dashboard.pid"
+for _ in $(seq 1 60); do
+  curl -fs "127.0.0.1:$DASHBOARD_PORT/" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+echo ">> dashboard: http://127.0.0.1:$DASHBOARD_PORT/   (open it to watch the rollouts below; log $DEMO/dashboard.log)"
+
 echo ">> two tenants: shop (namespace demo) and blog (namespace blog)"
 kubectl apply -f deploy/samples/tenant.yaml
 kubectl wait --for=condition=Ready tenant/shop tenant/blog --timeout=120s >/dev/null
@@ -165,6 +175,7 @@ echo ">> shards (flotilla shards)"
 "$BIN" shards --kubeconfig "$KUBECONFIG" | awk 'NR==1 || /shards per holder/ || $5 > 0'
 echo
 echo ">> ready in $(( $(date +%s) - t0 ))s. Where to look:"
+echo "   Dashboard: http://127.0.0.1:$DASHBOARD_PORT/   (Apps, canary steps, checks, shards; live)"
 echo "   export KUBECONFIG=$KUBECONFIG"
 echo "   kubectl get apps -A -w                                       # phase, weight, versions"
 echo "   $BIN status checkout -n demo --watch    # steps, replicas, measurements"

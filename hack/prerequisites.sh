@@ -6,9 +6,10 @@ set -euo pipefail
 
 missing=()
 for tool in flock curl git python3 prometheus promtool \
-  containerd runc buildah gcc openssl iptables strip; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  containerd runc buildah gcc openssl iptables strip chromium chromedriver; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 # The real node (hack/real-node.sh): containerd and runc run its pods, CNI plugins wire them,
 # buildah builds the images, gcc the pause binary, openssl the node's certificate.
+# chromium and chromedriver: the dashboard's test in a real browser (tests/dashboard.rs).
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 if [ ${#missing[@]} -gt 0 ]; then
   pkgs=()
@@ -19,6 +20,8 @@ if [ ${#missing[@]} -gt 0 ]; then
       prometheus | promtool) [[ " ${pkgs[*]} " == *" prometheus "* ]] || pkgs+=(prometheus) ;;
       gcc) pkgs+=(gcc libc6-dev) ;;
       strip) pkgs+=(binutils) ;;
+      # The dashboard's end-to-end test drives headless Chromium through chromedriver.
+      chromedriver) pkgs+=(chromium-driver) ;;
       *) pkgs+=("$t") ;;
     esac
   done

@@ -3,6 +3,7 @@
 pub mod api;
 pub mod app;
 pub mod cli;
+pub mod dashboard;
 pub mod operator;
 pub mod rollout;
 pub mod sharding;

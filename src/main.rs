@@ -72,6 +72,52 @@ fn control(target: AppTarget, request: Request) -> ExitCode {
     })
 }
 
+/// A client with exactly the user's kubeconfig: the dashboard acts with the user's rights.
+async fn user_client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc =
+                kube::config::Kubeconfig::read_from(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| format!("finding a kubeconfig: {e}"))?,
+    };
+    kube::Client::try_from(config).map_err(|e| format!("making a client: {e}"))
+}
+
+/// `flotilla dashboard`.
+fn dashboard(args: flotilla::dashboard::DashboardArgs) -> ExitCode {
+    let runtime = match runtime(true) {
+        Ok(rt) => rt,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let client = match user_client(args.kubeconfig.as_deref()).await {
+            Ok(client) => client,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let serving = flotilla::dashboard::serve(client, args, |url| {
+            println!("Flotilla dashboard: {url}");
+            println!("Press Ctrl-C to stop it.");
+        });
+        match serving.await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
 fn main() -> ExitCode {
     // The HTTP clients (Prometheus queries, OTLP export) use rustls without a bundled crypto
     // provider: ring, like the kube client.
@@ -115,6 +161,7 @@ fn main() -> ExitCode {
                 }
             })
         }
+        Command::Dashboard(args) => dashboard(*args),
         Command::Crd => match flotilla::api::crds_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");

@@ -45,6 +45,9 @@ pub enum Command {
     /// otherwise the version before the current one (or --to-revision) rolls out again
     /// through the App's strategy and analysis.
     Undo(UndoArgs),
+    /// Serve a web dashboard on 127.0.0.1: Tenants, Apps, rollouts and shards, live, with the
+    /// rights of your kubeconfig (also `kubectl flotilla dashboard` when installed as a plugin).
+    Dashboard(Box<crate::dashboard::DashboardArgs>),
 }
 
 #[derive(clap::Args, Debug)]

@@ -119,17 +119,17 @@ fn row<const N: usize>(cells: [&str; N]) -> Vec<String> {
     cells.iter().map(|c| c.to_string()).collect()
 }
 
-fn condition<'a>(status: &'a AppStatus, type_: &str) -> Option<&'a Condition> {
+pub(crate) fn condition<'a>(status: &'a AppStatus, type_: &str) -> Option<&'a Condition> {
     status.conditions.iter().find(|c| c.type_ == type_)
 }
 
-fn paused_by_user(app: &App) -> bool {
+pub(crate) fn paused_by_user(app: &App) -> bool {
     app.annotations().get(ANNOTATION_PAUSED).is_some_and(|v| v.trim() == "true")
 }
 
 /// `current → target`, or the one version when no rollout is under way, and what the spec
 /// asks for when the operator does not run it.
-fn version(app: &App, status: &AppStatus) -> String {
+pub(crate) fn version(app: &App, status: &AppStatus) -> String {
     let current = status.current_version.as_deref();
     let target = status.target_version.as_deref();
     let mut text = match (current, target) {
@@ -159,7 +159,7 @@ fn version(app: &App, status: &AppStatus) -> String {
     text
 }
 
-fn strategy(app: &App) -> String {
+pub(crate) fn strategy(app: &App) -> String {
     let strategy = app.spec.strategy();
     let mut text = match strategy.map(|s| s.type_) {
         Some(StrategyType::Canary) => {
@@ -212,7 +212,7 @@ fn int_or_string(v: &IntOrString) -> String {
 }
 
 /// `2/3 at 50% (canary 2 replicas, stable 2), step began 45s ago`.
-fn canary(c: &CanaryStatus, now: Timestamp) -> String {
+pub(crate) fn canary(c: &CanaryStatus, now: Timestamp) -> String {
     let replicas = format!("canary {}, stable {}", plural(c.replicas, "replica"), c.stable_replicas);
     if c.step >= c.steps {
         format!("promoting after {0}/{0} steps at {1}% ({replicas})", c.steps, c.weight)
@@ -229,7 +229,7 @@ fn canary(c: &CanaryStatus, now: Timestamp) -> String {
 
 /// `switched: the Service selects the new version (4 replicas), began 12s ago`.
 /// A routed canary's HTTPRoute: the split it carries, or why it cannot be used.
-fn route(app: &str, t: &crate::api::TrafficRoutingStatus) -> String {
+pub(crate) fn route(app: &str, t: &crate::api::TrafficRoutingStatus) -> String {
     let canary = crate::api::names::canary_service_name(app);
     match &t.problem {
         Some(why) => format!("HTTPRoute {}: not usable, the rollout waits: {why}", t.http_route),
@@ -239,7 +239,7 @@ fn route(app: &str, t: &crate::api::TrafficRoutingStatus) -> String {
     }
 }
 
-fn blue_green(app: &str, b: &BlueGreenStatus, now: Timestamp) -> String {
+pub(crate) fn blue_green(app: &str, b: &BlueGreenStatus, now: Timestamp) -> String {
     let stage = match b.stage {
         BlueGreenStage::Preview => format!("preview behind {}", crate::api::names::preview_service_name(app)),
         BlueGreenStage::Switched => "switched: the Service selects the new version".to_string(),
@@ -248,7 +248,7 @@ fn blue_green(app: &str, b: &BlueGreenStatus, now: Timestamp) -> String {
     format!("{stage} ({}), began {}", plural(b.replicas, "replica"), ago(&b.since, now))
 }
 
-fn rollout(r: &RolloutProgress, now: Timestamp) -> String {
+pub(crate) fn rollout(r: &RolloutProgress, now: Timestamp) -> String {
     let mut text = format!("started {}", ago(&r.started_at, now));
     if r.promoted_by_user {
         text.push_str("; promoted by a user: remaining steps and checks are skipped");
@@ -257,7 +257,7 @@ fn rollout(r: &RolloutProgress, now: Timestamp) -> String {
 }
 
 /// `ready/replicas`, with why the App is not ready when the Progressing condition does not say it.
-fn ready(status: &AppStatus, progressing: Option<&Condition>) -> String {
+pub(crate) fn ready(status: &AppStatus, progressing: Option<&Condition>) -> String {
     let mut text = status.ready.clone().unwrap_or_else(|| "-".to_string());
     if let Some(c) = condition(status, READY)
         && c.status == "False"
@@ -269,7 +269,7 @@ fn ready(status: &AppStatus, progressing: Option<&Condition>) -> String {
 }
 
 /// The `flotilla.dev/action` request, or the last one handled.
-fn request(app: &App, status: &AppStatus) -> Option<String> {
+pub(crate) fn request(app: &App, status: &AppStatus) -> Option<String> {
     let asked = app.annotations().get(ANNOTATION_ACTION).map(|a| a.trim()).filter(|a| !a.is_empty());
     let handled = status.handled_action.as_deref();
     match (asked, handled) {
@@ -316,7 +316,7 @@ fn measurement_row(m: &Measurement) -> Vec<String> {
 }
 
 /// `<= 0.05`, `>= 10` or `1..5`.
-fn bounds(min: Option<f64>, max: Option<f64>) -> String {
+pub(crate) fn bounds(min: Option<f64>, max: Option<f64>) -> String {
     match (min, max) {
         (Some(lo), Some(hi)) => format!("{}..{}", number(lo), number(hi)),
         (None, Some(hi)) => format!("<= {}", number(hi)),
@@ -326,7 +326,7 @@ fn bounds(min: Option<f64>, max: Option<f64>) -> String {
 }
 
 /// A measured value, short: at most four decimals, scientific notation when tiny or huge.
-fn number(v: f64) -> String {
+pub(crate) fn number(v: f64) -> String {
     let magnitude = v.abs();
     if v == 0.0 || (1e-3..1e9).contains(&magnitude) {
         let fixed = format!("{v:.4}");
@@ -336,7 +336,7 @@ fn number(v: f64) -> String {
     }
 }
 
-fn measurement_result(r: MeasurementResult) -> &'static str {
+pub(crate) fn measurement_result(r: MeasurementResult) -> &'static str {
     match r {
         MeasurementResult::Pass => "Pass",
         MeasurementResult::Fail => "Fail",
@@ -345,7 +345,7 @@ fn measurement_result(r: MeasurementResult) -> &'static str {
     }
 }
 
-fn rollout_result(r: RolloutResult) -> &'static str {
+pub(crate) fn rollout_result(r: RolloutResult) -> &'static str {
     match r {
         RolloutResult::Promoted => "Promoted",
         RolloutResult::RolledBack => "RolledBack",
@@ -355,7 +355,7 @@ fn rollout_result(r: RolloutResult) -> &'static str {
 }
 
 /// `3m 10s ago` or `2d 4h ago`: the two largest units, to the second.
-fn ago(t: &Time, now: Timestamp) -> String {
+pub(crate) fn ago(t: &Time, now: Timestamp) -> String {
     let secs = u64::try_from(now.as_second().saturating_sub(t.0.as_second())).unwrap_or(0);
     let units = [(secs / 86_400, "d"), (secs / 3_600 % 24, "h"), (secs / 60 % 60, "m"), (secs % 60, "s")];
     let first = units.iter().position(|(n, _)| *n > 0).unwrap_or(units.len() - 1);

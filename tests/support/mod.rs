@@ -3,6 +3,7 @@
 //! per test that serves only that namespace.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod prometheus;
 pub mod rollout;
 pub mod stall_proxy;

@@ -1,0 +1,252 @@
+//! End to end in a real browser: `flotilla dashboard` against the local control plane, an
+//! operator replica and a real Prometheus, driven through headless Chromium. An admin finds
+//! the App, watches its canary move a step and its analysis plotted without reloading, and
+//! promotes it with a button; a tenant admin sees only their namespace, no shards, and the
+//! apiserver's refusal when they press a button their RBAC does not allow. Screenshots are
+//! saved under the test's temp dir (FLOTILLA_UPDATE_SCREENSHOTS=1 also writes the README's).
+
+mod support;
+
+use flotilla::api::AppPhase;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use support::browser::{Dashboard, Driver, click, has_xpath, screenshot, wait_xpath};
+use support::rollout::{Rig, analysis, error_rate_check};
+use support::{TestNamespace, kubeconfig, kubectl_ok};
+
+/// A change in the cluster shows on an open page within this (live updates: under a second
+/// measured; the bound leaves room for a loaded machine).
+const LIVE: Duration = Duration::from_secs(5);
+
+/// A raw HTTP/1.0 request to the dashboard (to send headers a browser would not).
+async fn raw(url: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connecting to the dashboard");
+    stream.write_all(request.as_bytes()).await.expect("writing the request");
+    let mut buf = String::new();
+    stream.read_to_string(&mut buf).await.expect("reading the response");
+    let code = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, buf)
+}
+
+/// A kubeconfig for the ServiceAccount `namespace/name`, with a token from the TokenRequest API.
+fn service_account_kubeconfig(namespace: &str, name: &str, out: &Path) {
+    let token = kubectl_ok(&["-n", namespace, "create", "token", name, "--duration=1h"]);
+    let mut kc = kube::config::Kubeconfig::read_from(kubeconfig()).expect("reading the admin kubeconfig");
+    for named in &mut kc.auth_infos {
+        named.auth_info =
+            Some(kube::config::AuthInfo { token: Some(token.trim().to_string().into()), ..Default::default() });
+    }
+    for ctx in kc.contexts.iter_mut().filter_map(|c| c.context.as_mut()) {
+        ctx.namespace = Some(namespace.to_string());
+    }
+    std::fs::write(out, serde_yaml::to_string(&kc).expect("kubeconfig YAML")).expect("writing the kubeconfig");
+}
+
+/// Marks the page so that a reload (which would lose the mark) is told apart from a live update.
+async fn mark(b: &fantoccini::Client) {
+    b.execute("window.__flotillaMark = 'still here'; return null;", vec![]).await.expect("running a script");
+}
+
+async fn still_marked(b: &fantoccini::Client) -> bool {
+    b.execute("return window.__flotillaMark || null;", vec![]).await.expect("running a script") == json!("still here")
+}
+
+fn readme_screenshot(from: &Path) {
+    if std::env::var("FLOTILLA_UPDATE_SCREENSHOTS").as_deref() == Ok("1") {
+        let to: PathBuf = support::repo_root().join("docs/img/dashboard-canary.png");
+        std::fs::create_dir_all(to.parent().expect("dir")).expect("docs/img");
+        std::fs::copy(from, &to).expect("copying the screenshot");
+        eprintln!("updated {}", to.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_in_a_real_browser() {
+    let rig = Rig::start("dash").await;
+    let ns = rig.ns.name.clone();
+    // Where the test plays the shard Leases' holders (the dashboard is told it is the
+    // operator's namespace).
+    let leases_ns = TestNamespace::create(&rig.client, "dash-leases").await;
+    // The tenant admin's own namespace, with an App no operator serves.
+    let own = TestNamespace::create(&rig.client, "dash-own").await;
+    kubectl_ok(&["-n", &own.name, "create", "serviceaccount", "tenant-admin"]);
+    kubectl_ok(&[
+        "-n",
+        &own.name,
+        "create",
+        "rolebinding",
+        "flotilla-tenant-admins",
+        "--clusterrole=flotilla-tenant-admin",
+        &format!("--serviceaccount={}:tenant-admin", own.name),
+    ]);
+    // In the rollout's namespace the tenant admin may only read Apps and Events.
+    kubectl_ok(&["-n", &ns, "create", "role", "app-reader", "--verb=get,list,watch", "--resource=apps.flotilla.dev"]);
+    kubectl_ok(&["-n", &ns, "create", "role", "event-reader", "--verb=list", "--resource=events"]);
+    for role in ["app-reader", "event-reader"] {
+        kubectl_ok(&[
+            "-n",
+            &ns,
+            "create",
+            "rolebinding",
+            role,
+            &format!("--role={role}"),
+            &format!("--serviceaccount={}:tenant-admin", own.name),
+        ]);
+    }
+    let own_app: flotilla::api::App = serde_json::from_value(json!({
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "own", "namespace": own.name},
+        "spec": {"image": "registry.example.com/tests/own", "version": "1"},
+    }))
+    .expect("App");
+    Api::<flotilla::api::App>::namespaced(rig.client.clone(), &own.name)
+        .create(&PostParams::default(), &own_app)
+        .await
+        .expect("creating the tenant's App");
+    let lease: Lease = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "flotilla-shard-3", "labels": {"flotilla.dev/lease": "shard"}},
+        "spec": {"holderIdentity": "replica-a", "leaseDurationSeconds": 6,
+            "acquireTime": "2026-12-01T10:00:00.000000Z", "renewTime": "2026-12-01T10:00:00.000000Z"},
+    }))
+    .expect("Lease");
+    let leases: Api<Lease> = Api::namespaced(rig.client.clone(), &leases_ns.name);
+    leases.create(&PostParams::default(), &lease).await.expect("creating a shard Lease");
+
+    rig.traffic("web", "1", 0.0, 0.05);
+    rig.traffic("web", "2", 0.01, 0.05);
+    let steps = json!([{"weight": 25, "pause": "4s"}, {"weight": 50, "pause": "untilPromoted"}]);
+    rig.create(
+        "web",
+        json!({"replicas": 4, "rollout": {"strategy": {"type": "Canary", "canary": {"steps": steps}},
+               "analysis": analysis(error_rate_check())}}),
+    )
+    .await;
+    rig.wait_for_data("web", "2").await;
+
+    let admin = Dashboard::start(kubeconfig(), &["--operator-namespace", &leases_ns.name]).await;
+    assert!(admin.banner.contains("all namespaces"), "an admin sees the cluster: {}", admin.banner);
+    let driver = Driver::start().await;
+    let b = driver.browser().await;
+
+    // The overview lists the App, Healthy; the shards page is offered.
+    b.goto(&format!("{}/?namespace={ns}", admin.url)).await.expect("opening the overview");
+    wait_xpath(&b, LIVE, &format!("//table[@id='apps']//tr[@data-app='{ns}/web']//span[text()='Healthy']")).await;
+    assert!(has_xpath(&b, "//nav//a[@href='/shards']").await, "an admin is offered the shards page");
+    screenshot(&b, "overview").await;
+
+    // The App's page, then a new version: the canary's first step shows without a reload.
+    click(&b, &format!("tr[data-app='{ns}/web'] a")).await;
+    wait_xpath(&b, LIVE, "//h1[contains(., 'web')]").await;
+    wait_xpath(&b, LIVE, "//span[@id='live' and text()='live']").await;
+    mark(&b).await;
+    rig.set_version("web", "2").await;
+    wait_xpath(&b, support::rollout::MILESTONE, "//ol[@class='steps']/li[@data-step='1' and @aria-current='step']")
+        .await;
+    wait_xpath(&b, LIVE, "//dd[@id='canary' and contains(., 'at 25%')]").await;
+    // After its pause and passing checks, the second step, still without a reload.
+    wait_xpath(&b, support::rollout::MILESTONE, "//ol[@class='steps']/li[@data-step='2' and @aria-current='step']")
+        .await;
+    wait_xpath(&b, LIVE, "//dd[@id='canary' and contains(., 'at 50%')]").await;
+    // The analysis' values are plotted against the bound as they come.
+    wait_xpath(&b, support::rollout::MILESTONE, "//tr[@data-metric='error-rate']//*[local-name()='polyline']").await;
+    wait_xpath(&b, LIVE, "//tr[@data-metric='error-rate']//*[local-name()='line' and @class='bound']").await;
+    assert!(still_marked(&b).await, "the page was reloaded instead of updated live");
+    let shot = screenshot(&b, "app-mid-canary").await;
+    readme_screenshot(&shot);
+
+    // Promote: the step waiting for a person is passed and the App becomes Healthy at 2.
+    click(&b, "button[data-action='promote']").await;
+    wait_xpath(&b, LIVE, "//p[@class='notice' and contains(., 'promote requested')]").await;
+    wait_xpath(&b, support::rollout::MILESTONE, "//dd[@id='phase']/span[text()='Healthy']").await;
+    rig.wait_healthy("web", "2").await;
+    screenshot(&b, "app-promoted").await;
+
+    // Shards: a handover shows live in the failovers seen.
+    b.goto(&format!("{}/shards", admin.url)).await.expect("opening the shards page");
+    wait_xpath(&b, LIVE, "//tr[@data-shard='3']/td[text()='replica-a']").await;
+    wait_xpath(&b, LIVE, "//span[@id='live' and text()='live']").await;
+    mark(&b).await;
+    leases
+        .patch(
+            "flotilla-shard-3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"holderIdentity": "replica-b"}})),
+        )
+        .await
+        .expect("handing shard 3 over");
+    wait_xpath(&b, LIVE, "//table[@id='failovers']//tr[td[2]='3' and td[3]='replica-a' and td[4]='replica-b']").await;
+    assert!(still_marked(&b).await, "the shards page was reloaded instead of updated live");
+    screenshot(&b, "shards").await;
+
+    // What the page's guards refuse: another Host (DNS rebinding), a write without the token,
+    // a write from another site.
+    let addr = admin.url.trim_start_matches("http://").to_string();
+    let (code, _) = raw(&admin.url, "GET / HTTP/1.0\r\nHost: evil.example\r\n\r\n").await;
+    assert_eq!(code, 421, "a request naming another host is refused");
+    let pause = |host: &str, extra: &str, body: &str| {
+        format!(
+            "POST /apps/{ns}/web/action HTTP/1.0\r\nHost: {host}\r\n{extra}Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let (code, text) = raw(&admin.url, &pause(&addr, "", "verb=pause&token=guess")).await;
+    assert_eq!(code, 403, "a write without the page's token is refused: {text}");
+    let page = b.source().await.expect("page source");
+    let token =
+        page.split("name=\"token\" value=\"").nth(1).and_then(|rest| rest.split('"').next()).map(str::to_string);
+    let token = match token {
+        Some(t) => t,
+        None => {
+            b.goto(&format!("{}/apps/{ns}/web", admin.url)).await.expect("App page");
+            wait_xpath(&b, LIVE, "//h1").await;
+            let src = b.source().await.expect("source");
+            src.split("name=\"token\" value=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default()
+                .to_string()
+        }
+    };
+    let body = format!("verb=pause&token={token}");
+    let (code, text) =
+        raw(&admin.url, &pause(&addr, "Origin: http://evil.example\r\nSec-Fetch-Site: cross-site\r\n", &body)).await;
+    assert_eq!(code, 403, "a write from another site is refused even with the token: {text}");
+    assert!(text.contains("another site"), "{text}");
+    let annotations = rig.app("web").await.metadata.annotations.unwrap_or_default();
+    assert!(!annotations.contains_key("flotilla.dev/paused"), "a refused write changed the App");
+
+    // A tenant admin: their namespace only, no shards, and RBAC's refusal shown.
+    let tenant_kc = std::env::temp_dir().join(format!("flotilla-dash-{}.kubeconfig", own.name));
+    service_account_kubeconfig(&own.name, "tenant-admin", &tenant_kc);
+    let tenant = Dashboard::start(&tenant_kc, &["--operator-namespace", &leases_ns.name]).await;
+    assert!(
+        tenant.banner.contains(&format!("system:serviceaccount:{}:tenant-admin", own.name)),
+        "the dashboard says who it acts as: {}",
+        tenant.banner
+    );
+    b.goto(&format!("{}/", tenant.url)).await.expect("opening the tenant's overview");
+    wait_xpath(&b, LIVE, &format!("//table[@id='apps']//tr[@data-app='{}/own']", own.name)).await;
+    assert!(!has_xpath(&b, &format!("//tr[@data-app='{ns}/web']")).await, "another namespace's App is shown");
+    assert!(!has_xpath(&b, "//nav//a[@href='/shards']").await, "a tenant admin is offered the shards page");
+    assert!(!has_xpath(&b, "//section[h2='Tenants']").await, "a tenant admin sees the Tenants");
+    screenshot(&b, "tenant-overview").await;
+    b.goto(&format!("{}/shards", tenant.url)).await.expect("shards");
+    wait_xpath(&b, LIVE, "//h1[text()='Not allowed']").await;
+    wait_xpath(&b, LIVE, "//p[@class='notice' and contains(., 'forbidden')]").await;
+    // The App they may read but not change: the button's request is refused by the apiserver.
+    b.goto(&format!("{}/apps/{ns}/web", tenant.url)).await.expect("the read-only App");
+    wait_xpath(&b, LIVE, "//dd[@id='phase']/span[text()='Healthy']").await;
+    click(&b, "button[data-action='undo']").await;
+    wait_xpath(&b, LIVE, "//p[@class='notice' and contains(., 'Undo was not done') and contains(., 'rights')]").await;
+    screenshot(&b, "tenant-refused").await;
+    assert_eq!(rig.app("web").await.spec.version, "2", "a refused undo changed the App");
+    assert_eq!(rig.app("web").await.status.and_then(|s| s.phase), Some(AppPhase::Healthy));
+
+    b.close().await.expect("closing the browser");
+    let _ = std::fs::remove_file(tenant_kc);
+}
