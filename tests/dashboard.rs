@@ -128,7 +128,10 @@ async fn the_dashboard_in_a_real_browser() {
     .await;
     rig.wait_for_data("web", "2").await;
 
-    let admin = Dashboard::start(kubeconfig(), &["--operator-namespace", &leases_ns.name]).await;
+    let prometheus = rig.prometheus.url();
+    let admin =
+        Dashboard::start(kubeconfig(), &["--operator-namespace", &leases_ns.name, "--prometheus-url", &prometheus])
+            .await;
     assert!(admin.banner.contains("all namespaces"), "an admin sees the cluster: {}", admin.banner);
     let driver = Driver::start().await;
     let b = driver.browser().await;
@@ -155,6 +158,9 @@ async fn the_dashboard_in_a_real_browser() {
     // The analysis' values are plotted against the bound as they come.
     wait_xpath(&b, support::rollout::MILESTONE, "//tr[@data-metric='error-rate']//*[local-name()='polyline']").await;
     wait_xpath(&b, LIVE, "//tr[@data-metric='error-rate']//*[local-name()='line' and @class='bound']").await;
+    // ... over the whole rollout, from Prometheus (the operator's query, limited to the namespace).
+    wait_xpath(&b, LIVE, "//tr[@data-metric='error-rate']//small[@class='source' and contains(., 'from Prometheus')]")
+        .await;
     assert!(still_marked(&b).await, "the page was reloaded instead of updated live");
     let shot = screenshot(&b, "app-mid-canary").await;
     readme_screenshot(&shot);
@@ -162,7 +168,7 @@ async fn the_dashboard_in_a_real_browser() {
     // Promote: the step waiting for a person is passed and the App becomes Healthy at 2.
     click(&b, "button[data-action='promote']").await;
     wait_xpath(&b, LIVE, "//p[@class='notice' and contains(., 'promote requested')]").await;
-    wait_xpath(&b, support::rollout::MILESTONE, "//dd[@id='phase']/span[text()='Healthy']").await;
+    wait_xpath(&b, support::rollout::MILESTONE, "//span[@id='phase']/span[text()='Healthy']").await;
     rig.wait_healthy("web", "2").await;
     screenshot(&b, "app-promoted").await;
 
@@ -240,7 +246,7 @@ async fn the_dashboard_in_a_real_browser() {
     wait_xpath(&b, LIVE, "//p[@class='notice' and contains(., 'forbidden')]").await;
     // The App they may read but not change: the button's request is refused by the apiserver.
     b.goto(&format!("{}/apps/{ns}/web", tenant.url)).await.expect("the read-only App");
-    wait_xpath(&b, LIVE, "//dd[@id='phase']/span[text()='Healthy']").await;
+    wait_xpath(&b, LIVE, "//span[@id='phase']/span[text()='Healthy']").await;
     click(&b, "button[data-action='undo']").await;
     wait_xpath(&b, LIVE, "//p[@class='notice' and contains(., 'Undo was not done') and contains(., 'rights')]").await;
     screenshot(&b, "tenant-refused").await;

@@ -8,6 +8,7 @@ pub mod guard;
 pub mod live;
 pub mod model;
 pub mod pages;
+pub mod series;
 
 use axum::Router;
 use axum::extract::{Form, Path, Query, Request, State};
@@ -36,6 +37,7 @@ use std::time::Duration;
 use crate::api::{App, Tenant};
 use crate::cli::control::{self, Request as ControlRequest};
 use crate::rollout::planner::Verb;
+use crate::rollout::prometheus::PrometheusClient;
 use live::{AppStores, Live};
 use model::{Action, Filter};
 use pages::Frame;
@@ -73,6 +75,11 @@ pub struct DashboardArgs {
     /// Number of shards (as given to the replicas).
     #[arg(long, env = "FLOTILLA_SHARDS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub shards: u32,
+    /// A Prometheus this machine reaches (for example through `kubectl port-forward`): an
+    /// App's page plots its checks over the whole rollout from it. Queries are limited to the
+    /// App's namespace, and Apps whose analysis names another Prometheus are not asked about.
+    #[arg(long, env = "FLOTILLA_DASHBOARD_PROMETHEUS_URL")]
+    pub prometheus_url: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +96,8 @@ pub enum DashboardError {
     },
     #[error("serving: {0}")]
     Serve(#[source] std::io::Error),
+    #[error("{0}")]
+    Prometheus(#[from] crate::rollout::prometheus::ClientError),
 }
 
 /// What every request handler shares.
@@ -101,6 +110,8 @@ struct Dashboard {
     sees_shards: bool,
     operator_namespace: String,
     shards: u32,
+    /// The user's Prometheus and a client for it.
+    prometheus: Option<(String, PrometheusClient)>,
     token: String,
     hosts: guard::Hosts,
     live: Arc<Live>,
@@ -189,6 +200,10 @@ pub async fn serve(client: Client, args: DashboardArgs, on_listening: impl FnOnc
         sees_shards,
         operator_namespace: args.operator_namespace,
         shards: args.shards,
+        prometheus: match args.prometheus_url {
+            Some(url) => Some((url, PrometheusClient::new()?)),
+            None => None,
+        },
         token: guard::new_token().map_err(|_| DashboardError::Token)?,
         hosts: guard::Hosts::new(local, &args.public_hosts),
         live,
@@ -314,7 +329,12 @@ async fn app_page(
             Vec::new()
         }
     };
-    let view = model::app_view(&app, &events, &d.live.samples(&namespace, &name), Timestamp::now());
+    let now = Timestamp::now();
+    let ranges = match &d.prometheus {
+        Some((url, client)) => series::fetch(client, url, series::plan(&app, url, now)).await,
+        None => Default::default(),
+    };
+    let view = model::app_view(&app, &events, &d.live.samples(&namespace, &name), &ranges, now);
     let title = format!("{namespace}/{name}");
     let topic = format!("app:{namespace}/{name}");
     respond(&d, &headers, StatusCode::OK, &title, &topic, pages::app(&view, &d.token, &notices))

@@ -256,8 +256,11 @@ pub struct MetricView {
     pub bounds: String,
     pub message: Option<String>,
     pub plot: Option<Plot>,
-    /// Values plotted.
+    /// Values plotted, and where they come from.
     pub samples: usize,
+    pub source: &'static str,
+    /// Why Prometheus gave no values for the plot, when it was asked.
+    pub range_problem: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -387,6 +390,8 @@ pub struct AppView {
     pub canary: Option<String>,
     pub blue_green: Option<String>,
     pub route: Option<RouteView>,
+    /// Canary (or preview) and stable replicas during a canary or blue-green rollout.
+    pub replicas_split: Option<(i32, i32)>,
     pub ready: String,
     pub progressing: Option<String>,
     pub rollout: Option<String>,
@@ -403,8 +408,19 @@ pub struct AppView {
 /// Recent values of one check of one App, oldest first: (seconds since the epoch, value).
 pub type Samples = Vec<(i64, f64)>;
 
-/// The page of `app`, with its `events` and the `samples` of each check seen so far.
-pub fn app_view(app: &App, events: &[Event], samples: &BTreeMap<String, Samples>, now: Timestamp) -> AppView {
+/// Where the values plotted for a check come from.
+pub const FROM_PROMETHEUS: &str = "from Prometheus, over the rollout";
+pub const SEEN_HERE: &str = "seen by this dashboard";
+
+/// The page of `app`, with its `events`, the `samples` of each check this dashboard saw, and
+/// each check's values over the rollout from Prometheus (`ranges`, when it was asked).
+pub fn app_view(
+    app: &App,
+    events: &[Event],
+    samples: &BTreeMap<String, Samples>,
+    ranges: &BTreeMap<String, Result<Samples, String>>,
+    now: Timestamp,
+) -> AppView {
     let empty = AppStatus::default();
     let status = app.status.as_ref().unwrap_or(&empty);
     let name = app.name_any();
@@ -414,7 +430,14 @@ pub fn app_view(app: &App, events: &[Event], samples: &BTreeMap<String, Samples>
         .iter()
         .flat_map(|a| &a.measurements)
         .map(|m| {
-            let plotted = samples.get(&m.name).map(Vec::as_slice).unwrap_or_default();
+            let (plotted, source) = match ranges.get(&m.name) {
+                Some(Ok(values)) if !values.is_empty() => (values.as_slice(), FROM_PROMETHEUS),
+                _ => (samples.get(&m.name).map(Vec::as_slice).unwrap_or_default(), SEEN_HERE),
+            };
+            let range_problem = match ranges.get(&m.name) {
+                Some(Err(why)) => Some(why.clone()),
+                _ => None,
+            };
             MetricView {
                 name: m.name.clone(),
                 result: text::measurement_result(m.result),
@@ -424,6 +447,8 @@ pub fn app_view(app: &App, events: &[Event], samples: &BTreeMap<String, Samples>
                 message: m.message.clone(),
                 plot: plot(plotted, m.min, m.max),
                 samples: plotted.len(),
+                source,
+                range_problem,
             }
         })
         .collect();
@@ -443,6 +468,11 @@ pub fn app_view(app: &App, events: &[Event], samples: &BTreeMap<String, Samples>
             canary_weight: t.canary_weight.clamp(0, 100),
             problem: t.problem.clone(),
         }),
+        replicas_split: match (&status.canary, &status.blue_green) {
+            (Some(c), _) => Some((c.replicas, c.stable_replicas)),
+            (None, Some(b)) => Some((b.replicas, status.replicas.unwrap_or(0))),
+            (None, None) => None,
+        },
         ready: text::ready(status, text::condition(status, PROGRESSING)),
         progressing: text::condition(status, PROGRESSING).map(|c| format!("{}: {}", c.reason, c.message)),
         rollout: status.rollout.as_ref().map(|r| text::rollout(r, now)),
@@ -555,9 +585,16 @@ pub fn plot(samples: &[(i64, f64)], min: Option<f64>, max: Option<f64>) -> Optio
         .map(|(_, v)| *v)
         .chain(bounds)
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    // A scale from zero when nothing is negative: a ratio of 0.01 against a bound of 0.05
+    // looks like what it is.
+    if lo > 0.0 {
+        lo = 0.0;
+    }
     let span = hi - lo;
     let pad = if span.is_finite() && span > 0.0 { span / 10.0 } else { lo.abs().max(1.0) / 10.0 };
-    lo -= pad;
+    if lo != 0.0 {
+        lo -= pad;
+    }
     hi += pad;
     if !(hi - lo).is_finite() || hi - lo <= 0.0 {
         // Values near f64::MAX: the range overflows; plot a flat line rather than nothing.

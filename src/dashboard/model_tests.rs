@@ -86,7 +86,7 @@ fn overview_puts_rollouts_on_top_and_narrows_by_tenant_namespace_and_phase() {
 
 #[test]
 fn canary_page_marks_the_current_step_and_the_split() {
-    let v = app_view(&mid_canary(), &[], &BTreeMap::new(), now());
+    let v = app_view(&mid_canary(), &[], &BTreeMap::new(), &BTreeMap::new(), now());
     let states: Vec<StepState> = v.steps.iter().map(|s| s.state).collect();
     assert_eq!(states, [StepState::Done, StepState::Current, StepState::Pending]);
     assert_eq!(v.steps[1].pause, "until promoted");
@@ -101,11 +101,16 @@ fn canary_page_marks_the_current_step_and_the_split() {
     if let Some(c) = done.status.as_mut().and_then(|s| s.canary.as_mut()) {
         c.step = 3;
     }
-    let steps = app_view(&done, &[], &BTreeMap::new(), now()).steps;
+    let steps = app_view(&done, &[], &BTreeMap::new(), &BTreeMap::new(), now()).steps;
     assert!(steps.iter().all(|s| s.state == StepState::Done));
     // No rollout: no step is current.
     let idle = app("shop", "web", canary_spec(), json!({"phase": "Healthy", "currentVersion": "2"}));
-    assert!(app_view(&idle, &[], &BTreeMap::new(), now()).steps.iter().all(|s| s.state == StepState::Pending));
+    assert!(
+        app_view(&idle, &[], &BTreeMap::new(), &BTreeMap::new(), now())
+            .steps
+            .iter()
+            .all(|s| s.state == StepState::Pending)
+    );
 }
 
 #[test]
@@ -169,7 +174,7 @@ fn pages_escape_what_tenants_and_their_prometheus_wrote() {
     let evil: Event = serde_json::from_value(json!({"metadata": {"name": "e"}, "involvedObject": {},
         "reason": "X\"><img src=x onerror=alert(1)>", "message": "<b>bold</b>"}))
     .expect("event");
-    let v = app_view(&a, &[evil], &BTreeMap::new(), now());
+    let v = app_view(&a, &[evil], &BTreeMap::new(), &BTreeMap::new(), now());
     let html = super::super::pages::app(&v, "tok", &["<i>notice</i>".to_string()]).into_string();
     assert!(!html.contains("<script>") && html.contains("&lt;script&gt;"), "{html}");
     assert!(!html.contains("<img") && !html.contains("<b>") && !html.contains("<i>"), "{html}");
@@ -196,4 +201,17 @@ fn shards_group_by_holder_and_list_failovers_newest_first() {
     assert_eq!(v.failovers[0].1.shard, 0, "newest first");
     assert_eq!(v.failovers[0].0, "5s ago");
     assert_eq!(v.shards[0].renewed, "0s ago");
+}
+
+#[test]
+fn plots_prefer_prometheus_and_say_why_not() {
+    let seen: BTreeMap<String, Samples> = [("error-rate".to_string(), vec![(1, 0.01)])].into();
+    let from_prometheus: BTreeMap<String, Result<Samples, String>> =
+        [("error-rate".to_string(), Ok(vec![(0, 0.0), (5, 0.01), (10, 0.02)]))].into();
+    let v = app_view(&mid_canary(), &[], &seen, &from_prometheus, now());
+    assert_eq!((v.metrics[0].samples, v.metrics[0].source), (3, FROM_PROMETHEUS));
+    let failed: BTreeMap<String, Result<Samples, String>> = [("error-rate".to_string(), Err("down".into()))].into();
+    let v = app_view(&mid_canary(), &[], &seen, &failed, now());
+    assert_eq!((v.metrics[0].samples, v.metrics[0].source), (1, SEEN_HERE));
+    assert_eq!(v.metrics[0].range_problem.as_deref(), Some("down"));
 }

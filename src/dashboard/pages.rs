@@ -57,8 +57,12 @@ pub fn app_href(namespace: &str, name: &str) -> String {
     format!("/apps/{}/{}", segment(namespace), segment(name))
 }
 
+/// What a path segment keeps as it is: letters, digits and `-._~` (RFC 3986's unreserved).
+const SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 fn segment(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
 }
 
 fn apps_table(rows: &[AppRow], caption: &str, id: &str) -> Markup {
@@ -176,6 +180,8 @@ fn plot_svg(name: &str, p: &Plot) -> Markup {
             @if let Some(y) = p.max_y { line.bound x1="0" x2=(w) y1=(y) y2=(y) {} }
             @if let Some(y) = p.min_y { line.bound x1="0" x2=(w) y1=(y) y2=(y) {} }
             polyline.values points=(p.points) {}
+            text.axis x="3" y="11" { (crate::cli::status::number(p.range.1)) }
+            text.axis x="3" y=(h - 3.0) { (crate::cli::status::number(p.range.0)) }
         }
     }
 }
@@ -188,7 +194,8 @@ fn metric(m: &MetricView) -> Markup {
             td { (m.bounds) }
             td { span class={ "result " @if m.passing { "pass" } @else { "fail" } } { (m.result) } }
             td {
-                @if let Some(p) = &m.plot { (plot_svg(&m.name, p)) br; small { (m.samples) " values seen" } }
+                @if let Some(p) = &m.plot { (plot_svg(&m.name, p)) br; small.source { (m.samples) " values " (m.source) } }
+                @if let Some(why) = &m.range_problem { br; small.range-problem { "Prometheus: " (why) } }
             }
             td { (m.message.as_deref().unwrap_or("")) }
         }
@@ -205,60 +212,63 @@ fn action_form(v: &AppView, a: Action, token: &str) -> Markup {
     }
 }
 
+/// A bar of two shares (SVG attributes, not inline styles: the page's Content-Security-Policy
+/// allows no inline style).
+fn split_bar(label: &str, stable: i32, canary: i32) -> Markup {
+    let total = (i64::from(stable.max(0)) + i64::from(canary.max(0))).max(1);
+    let stable_width = i64::from(stable.max(0)) * 100 / total;
+    html! {
+        svg.split viewBox="0 0 100 4" preserveAspectRatio="none" role="img" aria-label=(label) {
+            rect.stable x="0" y="0" height="4" width=(stable_width) {}
+            rect.canary x=(stable_width) y="0" height="4" width=(100 - stable_width) {}
+        }
+    }
+}
+
 pub fn app(v: &AppView, token: &str, notices: &[String]) -> Markup {
     html! {
-        h1 { "App " span.ns { (v.namespace) "/" } (v.name) }
+        h1 { "App " span.ns { (v.namespace) "/" } (v.name) " " span #phase { (phase_badge(v.phase)) } }
+        p.lead { "Version " strong #version { (v.version) } " · " (v.strategy) " · ready " (v.ready) }
         (notice_list(notices))
-        section aria-labelledby="summary-h" {
-            h2 #summary-h .visually-hidden { "Summary" }
-            dl.summary {
-                dt { "Phase" } dd #phase { (phase_badge(v.phase)) }
-                dt { "Version" } dd #version { (v.version) }
-                dt { "Current" } dd { (v.current_version) }
-                @if let Some(t) = &v.target_version { dt { "Target" } dd #target { (t) } }
-                dt { "Strategy" } dd { (v.strategy) }
-                dt { "Ready" } dd { (v.ready) }
-                @if let Some(p) = &v.progressing { dt { "Progressing" } dd { (p) } }
-                @if let Some(r) = &v.rollout { dt { "Rollout" } dd { (r) } }
-                @if let Some(c) = &v.canary { dt { "Canary" } dd #canary { (c) } }
-                @if let Some(b) = &v.blue_green { dt { "Blue-green" } dd { (b) } }
-                @if v.paused_by_user { dt { "Paused" } dd { "by a user" } }
-                @if let Some(r) = &v.request { dt { "Request" } dd { (r) } }
-                @if let Some(f) = &v.failed { dt { "Failed" } dd { (f) } }
-            }
-        }
-        @if !v.actions.is_empty() {
-            section.actions aria-labelledby="actions-h" {
-                h2 #actions-h { "Actions" }
-                @for a in &v.actions { (action_form(v, *a, token)) }
-            }
-        }
-        @if !v.steps.is_empty() {
-            section aria-labelledby="steps-h" {
-                h2 #steps-h { "Canary steps" }
-                ol.steps {
-                    @for s in &v.steps {
-                        li class=(step_class(s.state)) data-step=(s.number)
-                            aria-current=[(s.state == StepState::Current).then_some("step")] {
-                            span.weight { (s.weight) "%" }
-                            @if !s.pause.is_empty() { " " small { (s.pause) } }
+        @if !v.steps.is_empty() || v.canary.is_some() || v.blue_green.is_some() || v.rollout.is_some() || !v.actions.is_empty() {
+            section aria-labelledby="rollout-h" {
+                h2 #rollout-h { @if v.rollout.is_some() { "Rollout of " (v.target_version.as_deref().unwrap_or("")) } @else { "Rollout" } }
+                @if let Some(p) = &v.progressing { p #progressing { (p) } }
+                @if !v.steps.is_empty() {
+                    ol.steps aria-label="Canary steps" {
+                        @for s in &v.steps {
+                            li class=(step_class(s.state)) data-step=(s.number)
+                                aria-current=[(s.state == StepState::Current).then_some("step")] {
+                                small { "step " (s.number) } br;
+                                span.weight { (s.weight) "%" }
+                                @if !s.pause.is_empty() { " " small { (s.pause) } }
+                            }
                         }
                     }
                 }
-            }
-        }
-        @if let Some(r) = &v.route {
-            section aria-labelledby="route-h" {
-                h2 #route-h { "Traffic" }
-                @if let Some(p) = &r.problem { p.notice { "HTTPRoute " (r.http_route) " is not usable, the rollout waits: " (p) } }
-                @else {
-                    p #route { "HTTPRoute " (r.http_route) ": " span #stable-weight { (r.stable_weight) "%" } " stable, "
-                        span #canary-weight { (r.canary_weight) "%" } " canary" }
-                    // SVG attributes, not inline styles: the page's Content-Security-Policy allows no inline style.
-                    svg.split viewBox="0 0 100 4" preserveAspectRatio="none" role="img"
-                        aria-label={ (r.canary_weight) "% to the canary" } {
-                        rect.stable x="0" y="0" height="4" width=(r.stable_weight) {}
-                        rect.canary x=(r.stable_weight) y="0" height="4" width=(r.canary_weight) {}
+                @if let Some((canary, stable)) = v.replicas_split {
+                    p.legend { span.key-stable { "stable " (stable) } " · " span.key-canary { "canary " (canary) } " replicas" }
+                    (split_bar(&format!("{canary} canary and {stable} stable replicas"), stable, canary))
+                }
+                @if let Some(r) = &v.route {
+                    @if let Some(p) = &r.problem { p.notice { "HTTPRoute " (r.http_route) " is not usable, the rollout waits: " (p) } }
+                    @else {
+                        p.legend #route { "HTTPRoute " (r.http_route) ": " span.key-stable #stable-weight { (r.stable_weight) "% stable" } " · "
+                            span.key-canary #canary-weight { (r.canary_weight) "% canary" } " of the requests" }
+                        (split_bar(&format!("{}% of the requests to the canary", r.canary_weight), r.stable_weight, r.canary_weight))
+                    }
+                }
+                dl.summary {
+                    @if let Some(c) = &v.canary { dt { "Canary" } dd #canary { (c) } }
+                    @if let Some(b) = &v.blue_green { dt { "Blue-green" } dd { (b) } }
+                    @if let Some(r) = &v.rollout { dt { "Started" } dd { (r) } }
+                    @if v.paused_by_user { dt { "Paused" } dd { "by a user" } }
+                    @if let Some(r) = &v.request { dt { "Request" } dd { (r) } }
+                    @if let Some(f) = &v.failed { dt { "Failed" } dd { (f) } }
+                }
+                @if !v.actions.is_empty() {
+                    div.actions role="group" aria-label="Actions" {
+                        @for a in &v.actions { (action_form(v, *a, token)) }
                     }
                 }
             }
@@ -274,6 +284,15 @@ pub fn app(v: &AppView, token: &str, notices: &[String]) -> Markup {
                         tbody { @for m in &v.metrics { (metric(m)) } }
                     }
                 }
+            }
+        }
+        section aria-labelledby="details-h" {
+            h2 #details-h { "Details" }
+            dl.summary {
+                dt { "Current version" } dd { (v.current_version) }
+                @if let Some(t) = &v.target_version { dt { "Target version" } dd #target { (t) } }
+                dt { "Strategy" } dd { (v.strategy) }
+                dt { "Ready" } dd { (v.ready) }
             }
         }
         section aria-labelledby="history-h" {

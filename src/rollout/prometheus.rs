@@ -95,20 +95,52 @@ impl PrometheusClient {
     /// Runs one instant query against `base` (for example `http://127.0.0.1:9090`).
     #[tracing::instrument(skip(self, base), fields(prometheus = %shown(base)))]
     pub async fn query(&self, base: &str, promql: &str) -> QueryOutcome {
+        match self.fetch(base, "/api/v1/query", &[("query", promql.to_string())]).await {
+            Ok(answer) => interpret(&answer),
+            Err(outcome) => outcome,
+        }
+    }
+
+    /// Runs a range query from `start` to `end` (seconds since the epoch) every `step`
+    /// seconds: the one series' values, or why there are none. For showing, never judging.
+    pub async fn query_range(
+        &self,
+        base: &str,
+        promql: &str,
+        start: i64,
+        end: i64,
+        step: u64,
+    ) -> Result<Vec<(i64, f64)>, String> {
+        let params = [
+            ("query", promql.to_string()),
+            ("start", start.to_string()),
+            ("end", end.to_string()),
+            ("step", step.max(1).to_string()),
+        ];
+        match self.fetch(base, "/api/v1/query_range", &params).await {
+            Ok(answer) => interpret_range(&answer),
+            Err(QueryOutcome::Inconclusive(m) | QueryOutcome::Invalid(m)) => Err(m),
+            Err(QueryOutcome::Value(_)) => Err("no answer".into()),
+        }
+    }
+
+    /// GETs `path` of `base` with `params`, reading at most `MAX_ANSWER_BYTES`; what went
+    /// wrong before an answer was read is an inconclusive outcome.
+    async fn fetch(&self, base: &str, path: &str, params: &[(&str, String)]) -> Result<Answer, QueryOutcome> {
         let shown = shown(base);
-        let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
-        let mut response = match self.http.get(&url).query(&[("query", promql)]).send().await {
+        let url = format!("{}{path}", base.trim_end_matches('/'));
+        let mut response = match self.http.get(&url).query(params).send().await {
             Ok(r) => r,
             Err(e) if e.is_timeout() => {
-                return QueryOutcome::Inconclusive(format!(
+                return Err(QueryOutcome::Inconclusive(format!(
                     "Prometheus at {shown} did not answer within {QUERY_TIMEOUT:?}"
-                ));
+                )));
             }
             Err(e) => {
-                return QueryOutcome::Inconclusive(short(&format!(
+                return Err(QueryOutcome::Inconclusive(short(&format!(
                     "Prometheus at {shown} is unreachable: {}",
                     chain(&e.without_url())
-                )));
+                ))));
             }
         };
         let code = response.status().as_u16();
@@ -119,7 +151,7 @@ impl PrometheusClient {
             .map(media_type)
             .unwrap_or_else(|| "no content type".into());
         if response.content_length().is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
-            return QueryOutcome::Inconclusive(too_large(&shown, code, &content_type));
+            return Err(QueryOutcome::Inconclusive(too_large(&shown, code, &content_type)));
         }
         let mut body = Vec::new();
         loop {
@@ -127,25 +159,25 @@ impl PrometheusClient {
                 Ok(Some(chunk)) => {
                     if body.len() + chunk.len() > MAX_ANSWER_BYTES {
                         // Dropping the response closes the connection: the rest is never read.
-                        return QueryOutcome::Inconclusive(too_large(&shown, code, &content_type));
+                        return Err(QueryOutcome::Inconclusive(too_large(&shown, code, &content_type)));
                     }
                     body.extend_from_slice(&chunk);
                 }
                 Ok(None) => break,
                 Err(e) if e.is_timeout() => {
-                    return QueryOutcome::Inconclusive(format!(
+                    return Err(QueryOutcome::Inconclusive(format!(
                         "Prometheus at {shown} did not finish its answer within {QUERY_TIMEOUT:?}"
-                    ));
+                    )));
                 }
                 Err(e) => {
-                    return QueryOutcome::Inconclusive(short(&format!(
+                    return Err(QueryOutcome::Inconclusive(short(&format!(
                         "reading the answer of Prometheus at {shown}: {}",
                         chain(&e.without_url())
-                    )));
+                    ))));
                 }
             }
         }
-        interpret(&Answer { code, content_type, body })
+        Ok(Answer { code, content_type, body })
     }
 }
 
@@ -269,6 +301,39 @@ pub fn interpret(answer: &Answer) -> QueryOutcome {
         Some(Ok(v)) => QueryOutcome::Value(v),
         _ => QueryOutcome::Inconclusive("Prometheus answered with a sample that is not a number".into()),
     }
+}
+
+/// Reads the answer of a range query: the values of its one series, oldest first. Pure.
+/// Values that are not numbers are left out; an error answer gives `interpret`'s message.
+pub fn interpret_range(answer: &Answer) -> Result<Vec<(i64, f64)>, String> {
+    let failed = |outcome: QueryOutcome| match outcome {
+        QueryOutcome::Inconclusive(m) | QueryOutcome::Invalid(m) => m,
+        QueryOutcome::Value(_) => "the query returned one instant value, not a range".into(),
+    };
+    let parsed = match serde_json::from_slice::<Response>(&answer.body) {
+        Ok(r) if r.status == "success" => r,
+        _ => return Err(failed(interpret(answer))),
+    };
+    let Some(Data { result_type, result }) = parsed.data else {
+        return Err("Prometheus answered without data".into());
+    };
+    if result_type != "matrix" {
+        return Err(format!("the query returned a {}, not a range", short(&result_type)));
+    }
+    let series = result.as_array().cloned().unwrap_or_default();
+    let values = match series.as_slice() {
+        [] => return Err("no data: the query returned no series".into()),
+        [one] => one.get("values").and_then(|v| v.as_array()).cloned().unwrap_or_default(),
+        many => return Err(format!("the query returned {} series; it must return one", many.len())),
+    };
+    Ok(values
+        .iter()
+        .filter_map(|pair| {
+            let t = pair.get(0)?.as_f64()?;
+            let v = pair.get(1)?.as_str()?.parse::<f64>().ok()?;
+            Some((t as i64, v))
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -419,5 +484,21 @@ mod tests {
         );
         assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "the redirect was followed");
+    }
+
+    #[test]
+    fn range_answers() {
+        let answer = |body: &str| Answer { code: 200, content_type: "application/json".into(), body: body.into() };
+        let one = r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[10,"0.5"],[12.5,"NaN"],[14,"x"],[16,"1e3"]]}]}}"#;
+        let got = interpret_range(&answer(one)).expect("one series");
+        assert_eq!(got.len(), 3, "a value that is not a number is left out: {got:?}");
+        assert_eq!((got[0], got[2]), ((10, 0.5), (16, 1000.0)));
+        let two = r#"{"status":"success","data":{"resultType":"matrix","result":[{"values":[]},{"values":[]}]}}"#;
+        assert!(interpret_range(&answer(two)).is_err_and(|m| m.contains("2 series")));
+        let none = r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
+        assert!(interpret_range(&answer(none)).is_err_and(|m| m.contains("no series")));
+        let bad = r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#;
+        assert!(interpret_range(&answer(bad)).is_err_and(|m| m.contains("parse error")));
+        assert!(interpret_range(&answer("<html>")).is_err_and(|m| m.contains("not a Prometheus API response")));
     }
 }
