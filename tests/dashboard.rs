@@ -17,8 +17,8 @@ use support::browser::{Dashboard, Driver, click, has_xpath, screenshot, wait_xpa
 use support::rollout::{Rig, analysis, error_rate_check};
 use support::{TestNamespace, kubeconfig, kubectl_ok};
 
-/// A change in the cluster shows on an open page within this (live updates: under a second
-/// measured; the bound leaves room for a loaded machine).
+/// Longest wait for a page, or for a change to show on an open page (the handover below is
+/// held to a second, what the dashboard promises).
 const LIVE: Duration = Duration::from_secs(5);
 
 /// A raw HTTP/1.0 request to the dashboard (to send headers a browser would not).
@@ -177,6 +177,7 @@ async fn the_dashboard_in_a_real_browser() {
     wait_xpath(&b, LIVE, "//tr[@data-shard='3']/td[text()='replica-a']").await;
     wait_xpath(&b, LIVE, "//span[@id='live' and text()='live']").await;
     mark(&b).await;
+    let handed_over = std::time::Instant::now();
     leases
         .patch(
             "flotilla-shard-3",
@@ -186,6 +187,11 @@ async fn the_dashboard_in_a_real_browser() {
         .await
         .expect("handing shard 3 over");
     wait_xpath(&b, LIVE, "//table[@id='failovers']//tr[td[2]='3' and td[3]='replica-a' and td[4]='replica-b']").await;
+    let took = handed_over.elapsed();
+    eprintln!("the handover showed on the open page {took:?} after the Lease was written");
+    // The promise is "within a second" (285-293 ms measured in three runs, the polling of
+    // the wait included).
+    assert!(took < Duration::from_secs(1), "the handover took {took:?} to show on the open page");
     assert!(still_marked(&b).await, "the shards page was reloaded instead of updated live");
     screenshot(&b, "shards").await;
 
