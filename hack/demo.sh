@@ -115,11 +115,15 @@ done
 # The web dashboard, with the admin's kubeconfig: open it now to watch the rollouts below.
 nohup "$BIN" dashboard --kubeconfig "$KUBECONFIG" --port "$DASHBOARD_PORT" >"$DEMO/dashboard.log" 2>&1 &
 echo $! >"$DEMO/dashboard.pid"
+# The URL it prints carries the key of its session (other users of the machine lack it).
+DASHBOARD_URL=
 for _ in $(seq 1 60); do
-  curl -fs "127.0.0.1:$DASHBOARD_PORT/" >/dev/null 2>&1 && break
+  DASHBOARD_URL=$(sed -n 's/^Flotilla dashboard: \(http[^ ]*\).*/\1/p' "$DEMO/dashboard.log" | head -1)
+  [ -n "$DASHBOARD_URL" ] && break
   sleep 0.5
 done
-echo ">> dashboard: http://127.0.0.1:$DASHBOARD_PORT/   (open it to watch the rollouts below; log $DEMO/dashboard.log)"
+echo ">> dashboard: ${DASHBOARD_URL:-(not started; see $DEMO/dashboard.log)}"
+echo "   open it to watch the rollouts below"
 
 echo ">> two tenants: shop (namespace demo) and blog (namespace blog)"
 kubectl apply -f deploy/samples/tenant.yaml
@@ -175,7 +179,7 @@ echo ">> shards (flotilla shards)"
 "$BIN" shards --kubeconfig "$KUBECONFIG" | awk 'NR==1 || /shards per holder/ || $5 > 0'
 echo
 echo ">> ready in $(( $(date +%s) - t0 ))s. Where to look:"
-echo "   Dashboard: http://127.0.0.1:$DASHBOARD_PORT/   (Apps, canary steps, checks, shards; live)"
+echo "   Dashboard: $DASHBOARD_URL   (Apps, canary steps, checks, shards; live)"
 echo "   export KUBECONFIG=$KUBECONFIG"
 echo "   kubectl get apps -A -w                                       # phase, weight, versions"
 echo "   $BIN status checkout -n demo --watch    # steps, replicas, measurements"

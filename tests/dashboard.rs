@@ -44,7 +44,16 @@ fn service_account_kubeconfig(namespace: &str, name: &str, out: &Path) {
     for ctx in kc.contexts.iter_mut().filter_map(|c| c.context.as_mut()) {
         ctx.namespace = Some(namespace.to_string());
     }
-    std::fs::write(out, serde_yaml::to_string(&kc).expect("kubeconfig YAML")).expect("writing the kubeconfig");
+    // Readable by this user only: it holds a token.
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .expect("creating the kubeconfig");
+    file.write_all(serde_yaml::to_string(&kc).expect("kubeconfig YAML").as_bytes()).expect("writing the kubeconfig");
 }
 
 /// Marks the page so that a reload (which would lose the mark) is told apart from a live update.
@@ -136,7 +145,11 @@ async fn the_dashboard_in_a_real_browser() {
     let driver = Driver::start().await;
     let b = driver.browser().await;
 
-    // The overview lists the App, Healthy; the shards page is offered.
+    // The URL printed opens a session; the overview lists the App, Healthy; the shards page
+    // is offered.
+    b.goto(&admin.login).await.expect("opening the URL printed");
+    wait_xpath(&b, LIVE, "//h1[text()='Overview']").await;
+    assert!(!b.current_url().await.expect("url").as_str().contains("key="), "the key stays in the address bar");
     b.goto(&format!("{}/?namespace={ns}", admin.url)).await.expect("opening the overview");
     wait_xpath(&b, LIVE, &format!("//table[@id='apps']//tr[@data-app='{ns}/web']//span[text()='Healthy']")).await;
     assert!(has_xpath(&b, "//nav//a[@href='/shards']").await, "an admin is offered the shards page");
@@ -200,13 +213,24 @@ async fn the_dashboard_in_a_real_browser() {
     let addr = admin.url.trim_start_matches("http://").to_string();
     let (code, _) = raw(&admin.url, "GET / HTTP/1.0\r\nHost: evil.example\r\n\r\n").await;
     assert_eq!(code, 421, "a request naming another host is refused");
+    let session = format!("Cookie: {}={}\r\n", admin.cookie, admin.key);
     let pause = |host: &str, extra: &str, body: &str| {
         format!(
             "POST /apps/{ns}/web/action HTTP/1.0\r\nHost: {host}\r\n{extra}Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
     };
-    let (code, text) = raw(&admin.url, &pause(&addr, "", "verb=pause&token=guess")).await;
+    // Another user of the machine, without the printed URL's key: nothing, not even a page.
+    let (code, text) = raw(&admin.url, &format!("GET /apps/{ns}/web HTTP/1.0\r\nHost: {addr}\r\n\r\n")).await;
+    assert_eq!(code, 401, "a request without the session is refused: {text}");
+    assert!(!text.contains("name=\"token\""), "the form token was shown without a session");
+    let (code, text) = raw(&admin.url, &format!("GET /login?key=guess HTTP/1.0\r\nHost: {addr}\r\n\r\n")).await;
+    assert_eq!(code, 401, "a wrong key opens no session: {text}");
+    // A name that is not a Kubernetes name never reaches the apiserver.
+    let (code, _) =
+        raw(&admin.url, &format!("GET /apps/{ns}/web%3Fx=y HTTP/1.0\r\nHost: {addr}\r\n{session}\r\n")).await;
+    assert_eq!(code, 404, "a name with a query in it is refused");
+    let (code, text) = raw(&admin.url, &pause(&addr, &session, "verb=pause&token=guess")).await;
     assert_eq!(code, 403, "a write without the page's token is refused: {text}");
     let page = b.source().await.expect("page source");
     let token =
@@ -225,15 +249,31 @@ async fn the_dashboard_in_a_real_browser() {
         }
     };
     let body = format!("verb=pause&token={token}");
-    let (code, text) =
-        raw(&admin.url, &pause(&addr, "Origin: http://evil.example\r\nSec-Fetch-Site: cross-site\r\n", &body)).await;
+    let cross = format!("{session}Origin: http://evil.example\r\nSec-Fetch-Site: cross-site\r\n");
+    let (code, text) = raw(&admin.url, &pause(&addr, &cross, &body)).await;
     assert_eq!(code, 403, "a write from another site is refused even with the token: {text}");
     assert!(text.contains("another site"), "{text}");
+    // A button of a page that showed an older spec (generation 1) acts on nothing.
+    let stale = format!("verb=pause&token={token}&generation=1");
+    let (code, text) = raw(&admin.url, &pause(&addr, &session, &stale)).await;
+    assert_eq!(code, 303, "{text}");
+    let location = text
+        .lines()
+        .find_map(|l| l.strip_prefix("location: ").or_else(|| l.strip_prefix("Location: ")))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no location in {text}"))
+        .to_string();
+    let (_, shown) = raw(&admin.url, &format!("GET {location} HTTP/1.0\r\nHost: {addr}\r\n{session}\r\n")).await;
+    assert!(
+        shown.contains("Pause was not done: the App&#39;s spec changed")
+            || shown.contains("Pause was not done: the App's spec changed"),
+        "{shown}"
+    );
     let annotations = rig.app("web").await.metadata.annotations.unwrap_or_default();
     assert!(!annotations.contains_key("flotilla.dev/paused"), "a refused write changed the App");
 
     // A tenant admin: their namespace only, no shards, and RBAC's refusal shown.
-    let tenant_kc = std::env::temp_dir().join(format!("flotilla-dash-{}.kubeconfig", own.name));
+    let tenant_kc = std::env::temp_dir().join(format!("flotilla-dash-{}-{}.kubeconfig", own.name, std::process::id()));
     service_account_kubeconfig(&own.name, "tenant-admin", &tenant_kc);
     let tenant = Dashboard::start(&tenant_kc, &["--operator-namespace", &leases_ns.name]).await;
     assert!(
@@ -241,7 +281,7 @@ async fn the_dashboard_in_a_real_browser() {
         "the dashboard says who it acts as: {}",
         tenant.banner
     );
-    b.goto(&format!("{}/", tenant.url)).await.expect("opening the tenant's overview");
+    b.goto(&tenant.login).await.expect("opening the tenant's overview");
     wait_xpath(&b, LIVE, &format!("//table[@id='apps']//tr[@data-app='{}/own']", own.name)).await;
     assert!(!has_xpath(&b, &format!("//tr[@data-app='{ns}/web']")).await, "another namespace's App is shown");
     assert!(!has_xpath(&b, "//nav//a[@href='/shards']").await, "a tenant admin is offered the shards page");
@@ -254,6 +294,8 @@ async fn the_dashboard_in_a_real_browser() {
     b.goto(&format!("{}/apps/{ns}/web", tenant.url)).await.expect("the read-only App");
     wait_xpath(&b, LIVE, "//span[@id='phase']/span[text()='Healthy']").await;
     click(&b, "button[data-action='undo']").await;
+    // Undo asks first.
+    b.accept_alert().await.expect("the undo question");
     wait_xpath(&b, LIVE, "//p[@class='notice' and contains(., 'Undo was not done') and contains(., 'rights')]").await;
     screenshot(&b, "tenant-refused").await;
     assert_eq!(rig.app("web").await.spec.version, "2", "a refused undo changed the App");

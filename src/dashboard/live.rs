@@ -78,7 +78,9 @@ pub fn record_run<'a>(
     at: i64,
     values: impl Iterator<Item = (&'a str, Option<f64>)>,
 ) {
+    let mut seen = std::collections::BTreeSet::new();
     for (name, value) in values {
+        seen.insert(name.to_string());
         let Some(v) = value else { continue };
         let samples = per_check.entry(name.to_string()).or_default();
         if samples.last().is_some_and(|(t, _)| *t >= at) {
@@ -89,6 +91,8 @@ pub fn record_run<'a>(
             samples.remove(0);
         }
     }
+    // A check renamed or removed: its values go.
+    per_check.retain(|name, _| seen.contains(name));
 }
 
 /// A holder change of a Lease, given the holder known before (None: first sight). Pure.
@@ -174,8 +178,12 @@ pub fn watch_leases(client: &Client, namespace: &str, live: &Arc<Live>) {
                     log.pop_front();
                 }
             }
-            holders.insert(name.clone(), holder(&lease).map(str::to_string));
-            live.announce(format!("lease:{name}"));
+            let now_held = holder(&lease).map(str::to_string);
+            // Renewals (every few seconds per shard) are not news; a new holder is.
+            if holders.get(&name) != Some(&now_held) {
+                live.announce(format!("lease:{name}"));
+            }
+            holders.insert(name, now_held);
         }
     }));
 }
@@ -203,7 +211,9 @@ mod tests {
     #[test]
     fn each_run_is_kept_once_and_the_oldest_go() {
         let mut per_check = BTreeMap::new();
+        record_run(&mut per_check, 5, [("renamed", Some(1.0))].into_iter());
         record_run(&mut per_check, 10, [("errors", Some(0.1)), ("latency", None)].into_iter());
+        assert!(!per_check.contains_key("renamed"), "a check gone from the run is forgotten");
         record_run(&mut per_check, 10, [("errors", Some(0.1))].into_iter());
         record_run(&mut per_check, 20, [("errors", Some(0.2))].into_iter());
         assert_eq!(per_check["errors"], vec![(10, 0.1), (20, 0.2)]);

@@ -113,15 +113,31 @@ struct Dashboard {
     /// The user's Prometheus and a client for it.
     prometheus: Option<(String, PrometheusClient)>,
     token: String,
+    /// The key of the URL printed, and the cookie it becomes.
+    session_key: String,
+    cookie: String,
     hosts: guard::Hosts,
     live: Arc<Live>,
     /// Notices that namespaces could not be watched.
     notices: Vec<String>,
-    flashes: Mutex<VecDeque<(u64, String)>>,
+    flashes: Mutex<VecDeque<Flash>>,
     next_flash: AtomicU64,
 }
 
 type Shared = Arc<Dashboard>;
+
+/// The outcome of an action, shown once on the page of the App it was taken on.
+struct Flash {
+    id: u64,
+    namespace: String,
+    name: String,
+    message: String,
+}
+
+/// Longest time a page (or an action) may take; the live events are not bounded.
+const PAGE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Events read for an App's page: a tenant can create many naming its App.
+const EVENTS_READ: u32 = 500;
 
 /// Who the credentials are, as the apiserver sees them.
 async fn whoami(client: &Client) -> String {
@@ -205,6 +221,8 @@ pub async fn serve(client: Client, args: DashboardArgs, on_listening: impl FnOnc
             None => None,
         },
         token: guard::new_token().map_err(|_| DashboardError::Token)?,
+        session_key: guard::new_token().map_err(|_| DashboardError::Token)?,
+        cookie: guard::cookie_name(local.port()),
         hosts: guard::Hosts::new(local, &args.public_hosts),
         live,
         notices,
@@ -216,7 +234,7 @@ pub async fn serve(client: Client, args: DashboardArgs, on_listening: impl FnOnc
         SocketAddr::V6(_) if !local.ip().is_unspecified() => format!("http://[{host}]:{}/", local.port()),
         _ => format!("http://{host}:{}/", local.port()),
     };
-    on_listening(&format!("{url} (as {}, {})", state.identity, state.scope));
+    on_listening(&format!("{url}login?key={} (as {}, {})", state.session_key, state.identity, state.scope));
     axum::serve(listener, router(state))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
@@ -228,6 +246,7 @@ pub async fn serve(client: Client, args: DashboardArgs, on_listening: impl FnOnc
 fn router(state: Shared) -> Router {
     Router::new()
         .route("/", get(overview))
+        .route("/login", get(login))
         .route("/apps/{namespace}/{name}", get(app_page))
         .route("/apps/{namespace}/{name}/action", post(action))
         .route("/shards", get(shards_page))
@@ -248,16 +267,55 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
-/// Refuses requests naming another host, and sets the security headers on every response.
+/// Refuses requests naming another host, sent by another site, or without the session's
+/// cookie; bounds the time of every page; sets the security headers on every response.
 async fn guard_layer(State(d): State<Shared>, request: Request, next: Next) -> Response {
-    let mut response = match d.hosts.check(request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(refused) => (StatusCode::MISDIRECTED_REQUEST, refused.to_string()).into_response(),
+    let path = request.uri().path().to_string();
+    let open = path == "/login" || path.starts_with("/assets/");
+    let refused = d
+        .hosts
+        .check(request.headers())
+        .map_err(|r| (StatusCode::MISDIRECTED_REQUEST, r))
+        .and_then(|()| d.hosts.check_fetch(request.headers(), request.method()).map_err(|r| (StatusCode::FORBIDDEN, r)))
+        .and_then(|()| {
+            if open || guard::has_session(request.headers(), &d.cookie, &d.session_key) {
+                Ok(())
+            } else {
+                Err((StatusCode::UNAUTHORIZED, guard::Refused::Session))
+            }
+        });
+    let mut response = match refused {
+        Err((status, refused)) => (status, refused.to_string()).into_response(),
+        Ok(()) if path == "/live" => next.run(request).await,
+        Ok(()) => match tokio::time::timeout(PAGE_TIMEOUT, next.run(request)).await {
+            Ok(response) => response,
+            Err(_) => (StatusCode::GATEWAY_TIMEOUT, format!("no answer within {PAGE_TIMEOUT:?}")).into_response(),
+        },
     };
     for (name, value) in guard::SECURITY_HEADERS {
         response.headers_mut().insert(name, HeaderValue::from_static(value));
     }
     response.headers_mut().insert("vary", HeaderValue::from_static(FRAGMENT_HEADER));
+    response
+}
+
+#[derive(serde::Deserialize)]
+struct LoginQuery {
+    #[serde(default)]
+    key: String,
+}
+
+/// Opens a session: the key of the printed URL becomes a cookie, and the URL loses it.
+async fn login(State(d): State<Shared>, Query(q): Query<LoginQuery>) -> Response {
+    let ok = guard::same_key(&q.key, &d.session_key);
+    if !ok {
+        return (StatusCode::UNAUTHORIZED, guard::Refused::Session.to_string()).into_response();
+    }
+    let cookie = guard::session_cookie(&d.cookie, &d.session_key);
+    let mut response = Redirect::to("/").into_response();
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(axum::http::header::SET_COOKIE, value);
+    }
     response
 }
 
@@ -311,6 +369,9 @@ async fn app_page(
     Query(q): Query<PageQuery>,
     headers: HeaderMap,
 ) -> Response {
+    if let Err(refused) = guard::check_names(&namespace, &name) {
+        return page_problem(&d, &headers, StatusCode::NOT_FOUND, "Not found", &refused.to_string());
+    }
     let app = match d.apps.get(&namespace, &name) {
         Some(app) => app,
         // Not watched here, or not listed yet: read it (the apiserver says if it is missing).
@@ -319,10 +380,10 @@ async fn app_page(
             Err(e) => return problem(&d, &headers, &e, &format!("Reading App {namespace}/{name}")),
         },
     };
-    let mut notices: Vec<String> = q.flash.and_then(|id| d.flash(id)).into_iter().collect();
+    let mut notices: Vec<String> = q.flash.and_then(|id| d.flash(id, &namespace, &name)).into_iter().collect();
     let events = Api::<Event>::namespaced(d.client.clone(), &namespace);
     let selector = format!("involvedObject.kind=App,involvedObject.name={name}");
-    let events = match events.list(&ListParams::default().fields(&selector)).await {
+    let events = match events.list(&ListParams::default().fields(&selector).limit(EVENTS_READ)).await {
         Ok(list) => list.items,
         Err(e) => {
             notices.push(format!("Events are not shown: {}", api_message(&e)));
@@ -346,22 +407,27 @@ struct ActionForm {
     token: Option<String>,
     #[serde(default)]
     verb: String,
+    /// The App's generation on the page the button was on: an action is taken only on the
+    /// spec that was shown.
+    #[serde(default)]
+    generation: Option<i64>,
 }
 
 impl Dashboard {
-    fn remember(&self, message: String) -> u64 {
+    fn remember(&self, namespace: &str, name: &str, message: String) -> u64 {
         let id = self.next_flash.fetch_add(1, Ordering::Relaxed);
         let mut flashes = self.flashes.lock().unwrap_or_else(PoisonError::into_inner);
-        flashes.push_back((id, message));
+        flashes.push_back(Flash { id, namespace: namespace.into(), name: name.into(), message });
         if flashes.len() > FLASHES_KEPT {
             flashes.pop_front();
         }
         id
     }
 
-    fn flash(&self, id: u64) -> Option<String> {
+    /// The message of action `id`, when it was taken on this App.
+    fn flash(&self, id: u64, namespace: &str, name: &str) -> Option<String> {
         let flashes = self.flashes.lock().unwrap_or_else(PoisonError::into_inner);
-        flashes.iter().find(|(i, _)| *i == id).map(|(_, m)| m.clone())
+        flashes.iter().find(|f| f.id == id && f.namespace == namespace && f.name == name).map(|f| f.message.clone())
     }
 }
 
@@ -394,11 +460,27 @@ async fn action(
         let message = "The dashboard knows no such action.";
         return page_problem(&d, &headers, StatusCode::BAD_REQUEST, "Unknown action", message);
     };
-    let message = match act(d.client.clone(), &namespace, &name, action).await {
-        Ok(done) => done,
-        Err(refusal) => format!("{} was not done: {refusal}", action.label()),
+    if let Err(refused) = guard::check_names(&namespace, &name) {
+        return page_problem(&d, &headers, StatusCode::NOT_FOUND, "Not found", &refused.to_string());
+    }
+    let changed = match Api::<App>::namespaced(d.client.clone(), &namespace).get(&name).await {
+        Ok(app) if app.metadata.generation != form.generation => Some(format!(
+            "the App's spec changed since the page was shown (generation {} then, {} now); look at it again",
+            form.generation.map_or("-".into(), |g| g.to_string()),
+            app.metadata.generation.map_or("-".into(), |g| g.to_string()),
+        )),
+        Ok(_) => None,
+        // Not readable: the action's own request says why.
+        Err(_) => None,
     };
-    let id = d.remember(message);
+    let message = match changed {
+        Some(why) => format!("{} was not done: {why}", action.label()),
+        None => match act(d.client.clone(), &namespace, &name, action).await {
+            Ok(done) => done,
+            Err(refusal) => format!("{} was not done: {refusal}", action.label()),
+        },
+    };
+    let id = d.remember(&namespace, &name, message);
     Redirect::to(&format!("{}?flash={id}", pages::app_href(&namespace, &name))).into_response()
 }
 
@@ -414,6 +496,7 @@ async fn shards_page(State(d): State<Shared>, headers: HeaderMap) -> Response {
         Ok(list) => list.items.iter().map(|n| n.name_any()).collect(),
         Err(_) => {
             let mut seen: Vec<String> = apps.iter().map(|(ns, _)| ns.clone()).collect();
+            seen.sort();
             seen.dedup();
             seen
         }

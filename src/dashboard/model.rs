@@ -26,13 +26,21 @@ pub struct Filter {
     pub namespace: Option<String>,
     #[serde(default)]
     pub phase: Option<String>,
+    /// Page of the Apps table, from 1.
+    #[serde(default)]
+    pub page: Option<usize>,
 }
 
 impl Filter {
     /// Empty values (a form's "all" choice) filter nothing.
     pub fn normalized(self) -> Filter {
         let keep = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-        Filter { tenant: keep(self.tenant), namespace: keep(self.namespace), phase: keep(self.phase) }
+        Filter {
+            tenant: keep(self.tenant),
+            namespace: keep(self.namespace),
+            phase: keep(self.phase),
+            page: self.page.filter(|p| *p > 1),
+        }
     }
 }
 
@@ -75,8 +83,12 @@ pub struct Overview {
     pub tenants: Option<Vec<TenantRow>>,
     /// Rollouts under way (after the filter), shown on top.
     pub in_progress: Vec<AppRow>,
-    /// Every App after the filter.
+    /// The Apps after the filter, one page of them.
     pub apps: Vec<AppRow>,
+    /// Apps after the filter, the page shown (from 1) and the number of pages.
+    pub total: usize,
+    pub page: usize,
+    pub pages: usize,
     /// Apps per phase after the filter, in the order of `PHASES`.
     pub phases: Vec<(&'static str, usize)>,
     /// Choices of the filter form.
@@ -84,6 +96,10 @@ pub struct Overview {
     pub namespaces: Vec<String>,
     pub filter: Filter,
 }
+
+/// Apps per page of the overview (and rollouts in progress shown at most): a page stays
+/// small enough to fetch again on every change at 10,000 Apps.
+pub const PAGE_SIZE: usize = 200;
 
 /// The phases in the order the overview counts them; `Pending` is an App not reconciled yet.
 pub const PHASES: [&str; 6] = ["Progressing", "Paused", "Degraded", "RolledBack", "Healthy", "Pending"];
@@ -167,9 +183,15 @@ pub fn overview(apps: &[App], tenants: Option<&[Tenant]>, filter: &Filter) -> Ov
         .collect();
     shown.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let phases = PHASES.iter().map(|p| (*p, shown.iter().filter(|r| r.phase == *p).count())).collect();
+    let total = shown.len();
+    let pages = total.div_ceil(PAGE_SIZE).max(1);
+    let page = filter.page.unwrap_or(1).clamp(1, pages);
     Overview {
-        in_progress: shown.iter().filter(|r| r.in_progress).cloned().collect(),
-        apps: shown,
+        in_progress: shown.iter().filter(|r| r.in_progress).take(PAGE_SIZE).cloned().collect(),
+        apps: shown.into_iter().skip((page - 1) * PAGE_SIZE).take(PAGE_SIZE).collect(),
+        total,
+        page,
+        pages,
         phases,
         tenant_names: tenant_rows.iter().flatten().map(|t| t.name.clone()).collect(),
         tenants: tenant_rows,
@@ -341,6 +363,16 @@ impl Action {
         }
     }
 
+    /// The question asked before actions that cannot be taken back (with JavaScript).
+    pub fn confirmation(self) -> Option<&'static str> {
+        match self {
+            Action::PromoteFull => Some("Finish the rollout now, skipping every remaining step and check, for"),
+            Action::Abort => Some("Roll back"),
+            Action::Undo => Some("Undo the last version of"),
+            _ => None,
+        }
+    }
+
     pub fn parse(verb: &str) -> Option<Action> {
         Action::ALL.into_iter().find(|a| a.verb() == verb)
     }
@@ -380,6 +412,8 @@ pub fn actions(app: &App) -> Vec<Action> {
 pub struct AppView {
     pub namespace: String,
     pub name: String,
+    /// The spec's generation: actions carry it, and are refused when the spec changed since.
+    pub generation: Option<i64>,
     pub phase: &'static str,
     pub version: String,
     pub current_version: String,
@@ -453,6 +487,7 @@ pub fn app_view(
         })
         .collect();
     AppView {
+        generation: app.metadata.generation,
         namespace: app.namespace().unwrap_or_default(),
         phase: phase_of(app),
         version: text::version(app, status),
@@ -557,14 +592,25 @@ pub fn event_rows(events: &[Event], now: Timestamp) -> Vec<EventRow> {
         .take(EVENTS_SHOWN)
         .map(|e| EventRow {
             type_: e.type_.clone().unwrap_or_default(),
-            reason: e.reason.clone().unwrap_or_default(),
-            message: e.message.clone().unwrap_or_default(),
+            reason: cut(e.reason.as_deref().unwrap_or_default()),
+            message: cut(e.message.as_deref().unwrap_or_default()),
             count: e.count.unwrap_or(1).max(1),
             when: event_time(e)
                 .map(|t| text::ago(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t), now))
                 .unwrap_or_default(),
         })
         .collect()
+}
+
+/// Longest text of an Event shown (a tenant writes Events as long as the apiserver takes).
+const EVENT_TEXT_CHARS: usize = 1000;
+
+fn cut(text: &str) -> String {
+    let mut out: String = text.chars().take(EVENT_TEXT_CHARS).collect();
+    if text.chars().count() > EVENT_TEXT_CHARS {
+        out.push('…');
+    }
+    out
 }
 
 /// Size of a plot, in SVG user units.

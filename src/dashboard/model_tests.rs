@@ -80,7 +80,8 @@ fn overview_puts_rollouts_on_top_and_narrows_by_tenant_namespace_and_phase() {
     assert_eq!(by_phase.apps.len(), 1);
     assert_eq!(by_phase.phases.iter().find(|(p, _)| *p == "Healthy"), Some(&("Healthy", 0)));
     assert!(by_phase.tenants.is_none(), "no Tenants section without the right to list them");
-    let blank = Filter { tenant: Some(" ".into()), namespace: Some(String::new()), phase: None }.normalized();
+    let blank =
+        Filter { tenant: Some(" ".into()), namespace: Some(String::new()), phase: None, page: Some(1) }.normalized();
     assert_eq!(blank, Filter::default());
 }
 
@@ -214,4 +215,17 @@ fn plots_prefer_prometheus_and_say_why_not() {
     let v = app_view(&mid_canary(), &[], &seen, &failed, now());
     assert_eq!((v.metrics[0].samples, v.metrics[0].source), (1, SEEN_HERE));
     assert_eq!(v.metrics[0].range_problem.as_deref(), Some("down"));
+}
+
+#[test]
+fn the_overview_pages_through_many_apps() {
+    let apps: Vec<App> = (0..450).map(|i| healthy("ns", &format!("app-{i:03}"))).collect();
+    let first = overview(&apps, None, &Filter::default());
+    assert_eq!((first.total, first.page, first.pages, first.apps.len()), (450, 1, 3, PAGE_SIZE));
+    let last = overview(&apps, None, &Filter { page: Some(3), ..Filter::default() });
+    assert_eq!((last.page, last.apps.len(), last.apps[0].name.as_str()), (3, 50, "app-400"));
+    let beyond = overview(&apps, None, &Filter { page: Some(99), ..Filter::default() });
+    assert_eq!(beyond.page, 3, "a page past the end shows the last");
+    let q = super::super::pages::filter_query(&Filter { tenant: Some("a&b=c".into()), ..Filter::default() }, 2);
+    assert_eq!(q, "tenant=a%26b%3Dc&page=2");
 }

@@ -3,7 +3,9 @@
 
 use maud::{DOCTYPE, Markup, html};
 
-use super::model::{Action, AppRow, AppView, MetricView, Overview, PHASES, Plot, ShardsView, StepState, TenantRow};
+use super::model::{
+    Action, AppRow, AppView, Filter, MetricView, Overview, PHASES, Plot, ShardsView, StepState, TenantRow,
+};
 
 /// What every page's frame shows.
 pub struct Frame<'a> {
@@ -97,13 +99,13 @@ fn tenants_section(tenants: &[TenantRow]) -> Markup {
             ul.tenants {
                 @for t in tenants {
                     li data-tenant=(t.name) {
-                        a href={ "/?tenant=" (segment(&t.name)) } { strong { (t.name) } }
+                        a href={ "/?" (filter_query(&Filter { tenant: Some(t.name.clone()), ..Filter::default() }, 1)) } { strong { (t.name) } }
                         " " (match t.ready { Some(true) => phase_badge("Ready"), Some(false) => phase_badge("NotReady"), None => phase_badge("Pending") })
                         " " (t.healthy) "/" (t.apps) " Apps healthy"
                         @if !t.summary.is_empty() { br; small { (t.summary) } }
                         ul {
                             @for ns in &t.namespaces {
-                                li { a href={ "/?namespace=" (segment(&ns.name)) } { (ns.name) } " " small { (ns.state) }
+                                li { a href={ "/?" (filter_query(&Filter { namespace: Some(ns.name.clone()), ..Filter::default() }, 1)) } { (ns.name) } " " small { (ns.state) }
                                     @if !ns.message.is_empty() { small { ": " (ns.message) } } }
                             }
                         }
@@ -155,9 +157,40 @@ pub fn overview(o: &Overview, notices: &[String]) -> Markup {
             }
             (filter_form(o))
             @if !o.in_progress.is_empty() { (apps_table(&o.in_progress, "Rollouts in progress", "in-progress")) }
-            (apps_table(&o.apps, "All Apps", "apps"))
+            (apps_table(&o.apps, &apps_caption(o), "apps"))
+            @if o.pages > 1 {
+                nav.pages aria-label="Pages of Apps" {
+                    @if o.page > 1 { a rel="prev" href={ "/?" (filter_query(&o.filter, o.page - 1)) } { "Previous" } " " }
+                    "Page " (o.page) " of " (o.pages)
+                    @if o.page < o.pages { " " a rel="next" href={ "/?" (filter_query(&o.filter, o.page + 1)) } { "Next" } }
+                }
+            }
         }
     }
+}
+
+fn apps_caption(o: &Overview) -> String {
+    if o.pages > 1 {
+        let first = (o.page - 1) * super::model::PAGE_SIZE + 1;
+        format!("Apps {first} to {} of {}", first + o.apps.len() - 1, o.total)
+    } else {
+        format!("All Apps ({})", o.total)
+    }
+}
+
+/// The overview's query string for `filter` at `page`.
+pub fn filter_query(filter: &Filter, page: usize) -> String {
+    let mut parts = Vec::new();
+    for (key, value) in [("tenant", &filter.tenant), ("namespace", &filter.namespace), ("phase", &filter.phase)] {
+        if let Some(v) = value {
+            parts.push(format!(
+                "{key}={}",
+                percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC)
+            ));
+        }
+    }
+    parts.push(format!("page={page}"));
+    parts.join("&")
 }
 
 fn notice_list(notices: &[String]) -> Markup {
@@ -204,9 +237,11 @@ fn metric(m: &MetricView) -> Markup {
 
 fn action_form(v: &AppView, a: Action, token: &str) -> Markup {
     html! {
-        form.action method="post" action={ (app_href(&v.namespace, &v.name)) "/action" } {
+        form.action method="post" action={ (app_href(&v.namespace, &v.name)) "/action" }
+            data-confirm=[a.confirmation().map(|c| format!("{c} {}/{}?", v.namespace, v.name))] {
             input type="hidden" name="token" value=(token);
             input type="hidden" name="verb" value=(a.verb());
+            @if let Some(g) = v.generation { input type="hidden" name="generation" value=(g); }
             button type="submit" name="action" value=(a.verb()) title=(a.help()) data-action=(a.verb()) { (a.label()) }
         }
     }

@@ -102,6 +102,11 @@ pub struct Dashboard {
     pub child: Child,
     /// `http://127.0.0.1:<port>`, without the trailing slash.
     pub url: String,
+    /// The URL printed, which opens a session (`.../login?key=...`).
+    pub login: String,
+    /// The session's key, and the cookie it goes in.
+    pub key: String,
+    pub cookie: String,
     pub banner: String,
 }
 
@@ -125,15 +130,17 @@ impl Dashboard {
             .expect("the dashboard prints its URL within 60 s")
             .expect("reading the dashboard's output")
             .expect("the dashboard printed a line");
-        let url = banner
+        let login = banner
             .split_whitespace()
             .find(|w| w.starts_with("http://"))
             .unwrap_or_else(|| panic!("no URL in {banner:?}"))
-            .trim_end_matches('/')
             .to_string();
+        let (url, key) = login.split_once("/login?key=").unwrap_or_else(|| panic!("no session key in {login:?}"));
+        let port = url.rsplit(':').next().unwrap_or_default();
+        let (url, key, cookie) = (url.to_string(), key.to_string(), format!("flotilla-dashboard-{port}"));
         // Keep reading so that the pipe never fills.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Dashboard { child, url, banner }
+        Dashboard { child, url, login, key, cookie, banner }
     }
 }
 
