@@ -113,8 +113,13 @@ for i in $(seq 0 $((REPLICAS - 1))); do
 done
 
 # The web dashboard, with the admin's kubeconfig: open it now to watch the rollouts below.
+# Its log holds the session key: readable by this user only.
+rm -f "$DEMO/dashboard.log"
+old_umask=$(umask)
+umask 077
 nohup "$BIN" dashboard --kubeconfig "$KUBECONFIG" --port "$DASHBOARD_PORT" >"$DEMO/dashboard.log" 2>&1 &
 echo $! >"$DEMO/dashboard.pid"
+umask "$old_umask"
 # The URL it prints carries the key of its session (other users of the machine lack it).
 DASHBOARD_URL=
 for _ in $(seq 1 60); do

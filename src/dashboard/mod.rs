@@ -86,6 +86,8 @@ pub struct DashboardArgs {
 pub enum DashboardError {
     #[error("reading Apps to find what these credentials may see: {0}")]
     Probe(#[source] Box<kube::Error>),
+    #[error("-n {0}: not a namespace name (lower-case letters, digits and '-', at most 63)")]
+    Namespace(String),
     #[error("making the token of the dashboard's forms: no system randomness")]
     Token,
     #[error("listening on {addr}: {source}")]
@@ -157,6 +159,9 @@ pub async fn serve(client: Client, args: DashboardArgs, on_listening: impl FnOnc
     let live = Live::new();
     let probe = ListParams::default().limit(1);
     let mut notices = Vec::new();
+    if let Some(bad) = args.namespaces.iter().find(|ns| guard::check_names(ns, "x").is_err()) {
+        return Err(DashboardError::Namespace(bad.clone()));
+    }
     let (namespaces, scope) = if !args.namespaces.is_empty() {
         (Some(args.namespaces.clone()), format!("namespaces {}", args.namespaces.join(", ")))
     } else {
