@@ -174,6 +174,9 @@ async fn the_dashboard_in_a_real_browser() {
     // ... over the whole rollout, from Prometheus (the operator's query, limited to the namespace).
     wait_xpath(&b, LIVE, "//tr[@data-metric='error-rate']//small[@class='source' and contains(., 'from Prometheus')]")
         .await;
+    // ... beside the stable version's values (the same query with version 1).
+    wait_xpath(&b, LIVE, "//tr[@data-metric='error-rate']//*[local-name()='polyline' and @class='stable-values']")
+        .await;
     assert!(still_marked(&b).await, "the page was reloaded instead of updated live");
     let shot = screenshot(&b, "app-mid-canary").await;
     readme_screenshot(&shot);

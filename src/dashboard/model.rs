@@ -260,8 +260,10 @@ pub struct RouteView {
 pub struct Plot {
     pub width: f64,
     pub height: f64,
-    /// `x,y x,y ...` for an SVG polyline.
+    /// `x,y x,y ...` for an SVG polyline: the new version's values.
     pub points: String,
+    /// The same for the stable version's values, when they were read.
+    pub stable_points: Option<String>,
     /// y of the upper and lower bounds, when set and within the plotted range.
     pub max_y: Option<f64>,
     pub min_y: Option<f64>,
@@ -442,6 +444,14 @@ pub struct AppView {
 /// Recent values of one check of one App, oldest first: (seconds since the epoch, value).
 pub type Samples = Vec<(i64, f64)>;
 
+/// What Prometheus gave for one check over the rollout: the new version's values (or why
+/// none), and the stable version's when the check's query names the version.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ranges {
+    pub values: Option<Result<Samples, String>>,
+    pub stable: Samples,
+}
+
 /// Where the values plotted for a check come from.
 pub const FROM_PROMETHEUS: &str = "from Prometheus, over the rollout";
 pub const SEEN_HERE: &str = "seen by this dashboard";
@@ -452,7 +462,7 @@ pub fn app_view(
     app: &App,
     events: &[Event],
     samples: &BTreeMap<String, Samples>,
-    ranges: &BTreeMap<String, Result<Samples, String>>,
+    ranges: &BTreeMap<String, Ranges>,
     now: Timestamp,
 ) -> AppView {
     let empty = AppStatus::default();
@@ -464,11 +474,14 @@ pub fn app_view(
         .iter()
         .flat_map(|a| &a.measurements)
         .map(|m| {
-            let (plotted, source) = match ranges.get(&m.name) {
-                Some(Ok(values)) if !values.is_empty() => (values.as_slice(), FROM_PROMETHEUS),
-                _ => (samples.get(&m.name).map(Vec::as_slice).unwrap_or_default(), SEEN_HERE),
+            let range = ranges.get(&m.name);
+            let (plotted, stable, source) = match range.and_then(|r| r.values.as_ref()) {
+                Some(Ok(values)) if !values.is_empty() => {
+                    (values.as_slice(), range.map(|r| r.stable.as_slice()).unwrap_or_default(), FROM_PROMETHEUS)
+                }
+                _ => (samples.get(&m.name).map(Vec::as_slice).unwrap_or_default(), &[][..], SEEN_HERE),
             };
-            let range_problem = match ranges.get(&m.name) {
+            let range_problem = match range.and_then(|r| r.values.as_ref()) {
                 Some(Err(why)) => Some(why.clone()),
                 _ => None,
             };
@@ -479,7 +492,7 @@ pub fn app_view(
                 value: m.value.map_or_else(|| "-".into(), text::number),
                 bounds: text::bounds(m.min, m.max),
                 message: m.message.clone(),
-                plot: plot(plotted, m.min, m.max),
+                plot: plot(plotted, stable, m.min, m.max),
                 samples: plotted.len(),
                 source,
                 range_problem,
@@ -620,14 +633,16 @@ const PLOT_HEIGHT: f64 = 80.0;
 /// A plot of `samples` (time, value) with the bounds drawn as lines, or None with fewer than
 /// one finite value. Values that are not finite are left out; the range covers the values and
 /// the bounds, padded by a tenth, so a bound is always visible beside the line.
-pub fn plot(samples: &[(i64, f64)], min: Option<f64>, max: Option<f64>) -> Option<Plot> {
-    let finite: Vec<(i64, f64)> = samples.iter().copied().filter(|(_, v)| v.is_finite()).collect();
+pub fn plot(samples: &[(i64, f64)], stable: &[(i64, f64)], min: Option<f64>, max: Option<f64>) -> Option<Plot> {
+    let finite = |s: &[(i64, f64)]| -> Vec<(i64, f64)> { s.iter().copied().filter(|(_, v)| v.is_finite()).collect() };
+    let (finite, stable) = (finite(samples), finite(stable));
     if finite.is_empty() {
         return None;
     }
     let bounds = [min, max].into_iter().flatten().filter(|b| b.is_finite());
     let (mut lo, mut hi) = finite
         .iter()
+        .chain(&stable)
         .map(|(_, v)| *v)
         .chain(bounds)
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
@@ -647,6 +662,7 @@ pub fn plot(samples: &[(i64, f64)], min: Option<f64>, max: Option<f64>) -> Optio
         lo = -1.0;
         hi = 1.0;
     }
+    // The time axis is the new version's; stable values outside it are left out.
     let (t0, t1) = (finite[0].0, finite[finite.len() - 1].0);
     let x = |t: i64| {
         if t1 > t0 { (t.saturating_sub(t0)) as f64 / (t1.saturating_sub(t0)) as f64 * PLOT_WIDTH } else { PLOT_WIDTH }
@@ -655,12 +671,21 @@ pub fn plot(samples: &[(i64, f64)], min: Option<f64>, max: Option<f64>) -> Optio
         let scaled = PLOT_HEIGHT - (v.clamp(lo, hi) - lo) / (hi - lo) * PLOT_HEIGHT;
         if scaled.is_finite() { scaled } else { PLOT_HEIGHT / 2.0 }
     };
-    let points = finite.iter().map(|(t, v)| format!("{:.1},{:.1}", x(*t), y(*v))).collect::<Vec<_>>().join(" ");
+    let line = |values: &[(i64, f64)]| {
+        values
+            .iter()
+            .filter(|(t, _)| (t0..=t1).contains(t))
+            .map(|(t, v)| format!("{:.1},{:.1}", x(*t), y(*v)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let stable_points = Some(line(&stable)).filter(|p| !p.is_empty());
     let within = |b: Option<f64>| b.filter(|b| b.is_finite() && (lo..=hi).contains(b)).map(y);
     Some(Plot {
         width: PLOT_WIDTH,
         height: PLOT_HEIGHT,
-        points,
+        points: line(&finite),
+        stable_points,
         max_y: within(max),
         min_y: within(min),
         range: (lo, hi),

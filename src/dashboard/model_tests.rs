@@ -139,19 +139,21 @@ fn actions_follow_the_state() {
 
 #[test]
 fn plots_keep_bounds_in_sight_and_survive_hostile_values() {
-    let p = plot(&[(0, 0.01), (10, 0.02), (20, 0.03)], None, Some(0.05)).expect("plot");
+    let p = plot(&[(0, 0.01), (10, 0.02), (20, 0.03)], &[], None, Some(0.05)).expect("plot");
     assert_eq!(p.points.split(' ').count(), 3);
     let max_y = p.max_y.expect("the bound is within the range");
     assert!((0.0..PLOT_HEIGHT).contains(&max_y));
     assert!(p.points.starts_with("0.0,") && p.points.contains("320.0,"), "{}", p.points);
     // Not-finite values are left out; extreme ones give finite coordinates.
-    let p = plot(&[(0, f64::NAN), (5, f64::INFINITY), (10, f64::MAX), (20, -f64::MAX)], Some(0.0), None).expect("plot");
+    let p =
+        plot(&[(0, f64::NAN), (5, f64::INFINITY), (10, f64::MAX), (20, -f64::MAX)], &[(10, f64::NAN)], Some(0.0), None)
+            .expect("plot");
     assert!(!p.points.contains("NaN") && !p.points.contains("inf"), "{}", p.points);
     assert_eq!(p.points.split(' ').count(), 2);
     // One value: a point at the right edge; none: no plot.
-    assert!(plot(&[(5, 1.0)], None, None).is_some());
-    assert!(plot(&[(5, f64::NAN)], None, Some(1.0)).is_none());
-    assert!(plot(&[], None, None).is_none());
+    assert!(plot(&[(5, 1.0)], &[], None, None).is_some());
+    assert!(plot(&[(5, f64::NAN)], &[(5, 1.0)], None, Some(1.0)).is_none());
+    assert!(plot(&[], &[], None, None).is_none());
 }
 
 #[test]
@@ -207,11 +209,25 @@ fn shards_group_by_holder_and_list_failovers_newest_first() {
 #[test]
 fn plots_prefer_prometheus_and_say_why_not() {
     let seen: BTreeMap<String, Samples> = [("error-rate".to_string(), vec![(1, 0.01)])].into();
-    let from_prometheus: BTreeMap<String, Result<Samples, String>> =
-        [("error-rate".to_string(), Ok(vec![(0, 0.0), (5, 0.01), (10, 0.02)]))].into();
+    let from_prometheus: BTreeMap<String, Ranges> = [(
+        "error-rate".to_string(),
+        Ranges {
+            values: Some(Ok(vec![(0, 0.0), (5, 0.01), (10, 0.02)])),
+            stable: vec![(0, 0.5), (10, 0.5), (99, 9.0)],
+        },
+    )]
+    .into();
     let v = app_view(&mid_canary(), &[], &seen, &from_prometheus, now());
     assert_eq!((v.metrics[0].samples, v.metrics[0].source), (3, FROM_PROMETHEUS));
-    let failed: BTreeMap<String, Result<Samples, String>> = [("error-rate".to_string(), Err("down".into()))].into();
+    let p = v.metrics[0].plot.clone().expect("plot");
+    assert_eq!(
+        p.stable_points.as_deref().map(|s| s.split(' ').count()),
+        Some(2),
+        "the stable value past the axis is left out"
+    );
+    assert!(p.range.1 >= 0.5, "the range covers the stable line: {:?}", p.range);
+    let failed: BTreeMap<String, Ranges> =
+        [("error-rate".to_string(), Ranges { values: Some(Err("down".into())), stable: Vec::new() })].into();
     let v = app_view(&mid_canary(), &[], &seen, &failed, now());
     assert_eq!((v.metrics[0].samples, v.metrics[0].source), (1, SEEN_HERE));
     assert_eq!(v.metrics[0].range_problem.as_deref(), Some("down"));

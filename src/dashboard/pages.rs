@@ -212,6 +212,7 @@ fn plot_svg(name: &str, p: &Plot) -> Markup {
             aria-label={ "Recent values of " (name) } {
             @if let Some(y) = p.max_y { line.bound x1="0" x2=(w) y1=(y) y2=(y) {} }
             @if let Some(y) = p.min_y { line.bound x1="0" x2=(w) y1=(y) y2=(y) {} }
+            @if let Some(stable) = &p.stable_points { polyline.stable-values points=(stable) {} }
             polyline.values points=(p.points) {}
             text.axis x="3" y="11" { (crate::cli::status::number(p.range.1)) }
             text.axis x="3" y=(h - 3.0) { (crate::cli::status::number(p.range.0)) }
@@ -227,7 +228,11 @@ fn metric(m: &MetricView) -> Markup {
             td { (m.bounds) }
             td { span class={ "result " @if m.passing { "pass" } @else { "fail" } } { (m.result) } }
             td {
-                @if let Some(p) = &m.plot { (plot_svg(&m.name, p)) br; small.source { (m.samples) " values " (m.source) } }
+                @if let Some(p) = &m.plot {
+                    (plot_svg(&m.name, p)) br;
+                    small.source { (m.samples) " values " (m.source) }
+                    @if p.stable_points.is_some() { br; small.legend { span.key-canary { "— new version" } " " span.key-stable { "— stable version" } } }
+                }
                 @if let Some(why) = &m.range_problem { br; small.range-problem { "Prometheus: " (why) } }
             }
             td { (m.message.as_deref().unwrap_or("")) }

@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::model::Samples;
+use super::model::Ranges;
 use crate::api::App;
 use crate::api::template::version_of;
 use crate::rollout::analysis::{TemplateValues, render};
@@ -36,8 +36,16 @@ pub struct RangeQuery {
     pub step: u64,
 }
 
-/// The range query of each check of `app`, or why it is not sent. Pure.
-pub fn plan(app: &App, prometheus_url: &str, now: Timestamp) -> BTreeMap<String, Result<RangeQuery, String>> {
+/// What to ask for one check: its query for the new version (or why it is not sent), and
+/// for the stable version during a rollout when the query names the version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub values: Result<RangeQuery, String>,
+    pub stable: Option<RangeQuery>,
+}
+
+/// The range queries of each check of `app`. Pure.
+pub fn plan(app: &App, prometheus_url: &str, now: Timestamp) -> BTreeMap<String, Planned> {
     let Some(analysis) = app.spec.analysis() else { return BTreeMap::new() };
     let namespace = app.namespace().unwrap_or_default();
     let name = app.name_any();
@@ -47,28 +55,33 @@ pub fn plan(app: &App, prometheus_url: &str, now: Timestamp) -> BTreeMap<String,
         .as_deref()
         .is_none_or(|u| u.trim_end_matches('/') == prometheus_url.trim_end_matches('/'));
     let end = now.as_second();
-    let start = status
-        .rollout
-        .as_ref()
-        .map(|r| r.started_at.0.as_second())
-        .filter(|s| *s < end)
-        .unwrap_or(end - IDLE_WINDOW_SECONDS);
+    let started = status.rollout.as_ref().map(|r| r.started_at.0.as_second()).filter(|s| *s < end);
+    let start = started.unwrap_or(end - IDLE_WINDOW_SECONDS);
     let step = u64::try_from(((end - start) / POINTS).max(1)).unwrap_or(1);
     let stable = status.current_version.as_deref().map(version_of).unwrap_or_default().to_string();
     let values =
         TemplateValues { app: &name, namespace: &namespace, version: &app.spec.version, stable_version: &stable };
+    // The stable version's series, through the same query with {{version}} set to it.
+    let stable_values = TemplateValues { version: &stable, ..values.clone() };
+    let scoped = |query: String| {
+        scope_to_namespace(&query, &namespace)
+            .map(|query| RangeQuery { query, start, end, step })
+            .map_err(|e| e.to_string())
+    };
     analysis
         .metrics
         .iter()
         .map(|check| {
-            let planned = if own {
-                scope_to_namespace(&render(&check.query, &values), &namespace)
-                    .map(|query| RangeQuery { query, start, end, step })
-                    .map_err(|e| e.to_string())
-            } else {
-                Err("the App's checks use another Prometheus than the dashboard's".to_string())
-            };
-            (check.name.clone(), planned)
+            if !own {
+                let why = "the App's checks use another Prometheus than the dashboard's".to_string();
+                return (check.name.clone(), Planned { values: Err(why), stable: None });
+            }
+            let query = render(&check.query, &values);
+            let stable_query = render(&check.query, &stable_values);
+            let stable = (started.is_some() && !stable.is_empty() && stable_query != query)
+                .then(|| scoped(stable_query).ok())
+                .flatten();
+            (check.name.clone(), Planned { values: scoped(query), stable })
         })
         .collect()
 }
@@ -77,20 +90,30 @@ pub fn plan(app: &App, prometheus_url: &str, now: Timestamp) -> BTreeMap<String,
 pub async fn fetch(
     client: &PrometheusClient,
     prometheus_url: &str,
-    planned: BTreeMap<String, Result<RangeQuery, String>>,
-) -> BTreeMap<String, Result<Samples, String>> {
+    planned: BTreeMap<String, Planned>,
+) -> BTreeMap<String, Ranges> {
+    let ask = |q: RangeQuery| async move {
+        let run = client.query_range(prometheus_url, &q.query, q.start, q.end, q.step);
+        match tokio::time::timeout(RANGE_TIMEOUT, run).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("Prometheus did not answer within {RANGE_TIMEOUT:?}")),
+        }
+    };
     let runs = planned.into_iter().map(|(name, planned)| async move {
-        let result = match planned {
-            Err(why) => Err(why),
-            Ok(q) => {
-                let run = client.query_range(prometheus_url, &q.query, q.start, q.end, q.step);
-                match tokio::time::timeout(RANGE_TIMEOUT, run).await {
-                    Ok(result) => result,
-                    Err(_) => Err(format!("Prometheus did not answer within {RANGE_TIMEOUT:?}")),
-                }
+        let values = async {
+            match planned.values {
+                Err(why) => Err(why),
+                Ok(q) => ask(q).await,
             }
         };
-        (name, result)
+        let stable = async {
+            match planned.stable {
+                Some(q) => ask(q).await.unwrap_or_default(),
+                None => Vec::new(),
+            }
+        };
+        let (values, stable) = futures::join!(values, stable);
+        (name, Ranges { values: Some(values), stable })
     });
     join_all(runs).await.into_iter().collect()
 }
@@ -122,20 +145,30 @@ mod tests {
     fn the_window_is_the_rollout_and_the_query_is_rendered_and_scoped() {
         let q = r#"sum(rate(x{app="{{app}}",version="{{version}}",stable="{{stable_version}}"}[1m]))"#;
         let planned = plan(&app(None, q), "http://prom:9090", now());
-        let got = planned["errors"].clone().expect("planned");
+        let got = planned["errors"].values.clone().expect("planned");
         assert_eq!((got.end - got.start, got.step), (600, 5));
         assert!(got.query.contains(r#"namespace="shop""#), "{}", got.query);
         assert!(got.query.contains(r#"version="2""#) && got.query.contains(r#"stable="1""#), "{}", got.query);
         assert!(got.query.contains(r#"app="web""#), "{}", got.query);
+        let stable = planned["errors"].stable.clone().expect("the stable version's query, during a rollout");
+        assert!(
+            stable.query.contains(r#"version="1""#) && stable.query.contains(r#"namespace="shop""#),
+            "{}",
+            stable.query
+        );
+        assert_eq!((stable.start, stable.end), (got.start, got.end));
+        // A query that does not name the version has no second line.
+        assert_eq!(plan(&app(None, "sum(up)"), "http://prom:9090", now())["errors"].stable, None);
     }
 
     #[test]
     fn another_namespace_or_another_prometheus_is_never_asked() {
         let foreign = plan(&app(None, r#"up{namespace="kube-system"}"#), "http://prom:9090", now());
-        assert!(foreign["errors"].as_ref().is_err_and(|m| m.contains("kube-system")), "{foreign:?}");
+        assert!(foreign["errors"].values.as_ref().is_err_and(|m| m.contains("kube-system")), "{foreign:?}");
         let elsewhere = plan(&app(Some("http://169.254.169.254/"), "up"), "http://prom:9090", now());
-        assert!(elsewhere["errors"].as_ref().is_err_and(|m| m.contains("another Prometheus")), "{elsewhere:?}");
+        assert!(elsewhere["errors"].values.as_ref().is_err_and(|m| m.contains("another Prometheus")), "{elsewhere:?}");
+        assert_eq!(elsewhere["errors"].stable, None);
         let same = plan(&app(Some("http://prom:9090/"), "up"), "http://prom:9090", now());
-        assert!(same["errors"].is_ok(), "{same:?}");
+        assert!(same["errors"].values.is_ok(), "{same:?}");
     }
 }
