@@ -74,16 +74,7 @@ fn control(target: AppTarget, request: Request) -> ExitCode {
 
 /// A client with exactly the user's kubeconfig: the dashboard acts with the user's rights.
 async fn user_client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc =
-                kube::config::Kubeconfig::read_from(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
-        }
-        None => kube::Config::infer().await.map_err(|e| format!("finding a kubeconfig: {e}"))?,
-    };
+    let config = flotilla::operator::kube_config(kubeconfig).await.map_err(|e| e.to_string())?;
     kube::Client::try_from(config).map_err(|e| format!("making a client: {e}"))
 }
 

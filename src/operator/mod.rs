@@ -131,19 +131,25 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
     Ok(clients(&settings, None).await?.client()?)
 }
 
+/// The configuration of `kubeconfig`, else what kube infers ($KUBECONFIG or ~/.kube/config,
+/// else in-cluster), as it is (no header or URL of the operator's added).
+pub async fn kube_config(kubeconfig: Option<&std::path::Path>) -> Result<Config, OperatorError> {
+    match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|source| OperatorError::Kubeconfig { path: path.display().to_string(), source })?;
+            Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(|source| OperatorError::Kubeconfig { path: path.display().to_string(), source })
+        }
+        None => Ok(Config::infer().await?),
+    }
+}
+
 /// A factory of clients with the replica's configuration, each with a connection of its own;
 /// `url` replaces the apiserver's URL.
 async fn clients(settings: &Settings, url: Option<&http::Uri>) -> Result<Clients, OperatorError> {
-    let mut config = match &settings.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|source| OperatorError::Kubeconfig { path: path.display().to_string(), source })?;
-            Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .map_err(|source| OperatorError::Kubeconfig { path: path.display().to_string(), source })?
-        }
-        None => Config::infer().await?,
-    };
+    let mut config = kube_config(settings.kubeconfig.as_deref()).await?;
     if let Some(url) = url {
         config.cluster_url = url.clone();
     }
