@@ -110,8 +110,9 @@ pub fn handover(known: Option<&Option<String>>, lease: &Lease, at: Timestamp) ->
 pub struct AppStores(pub Vec<(Option<String>, Store<App>)>);
 
 impl AppStores {
-    pub fn all(&self) -> Vec<App> {
-        self.0.iter().flat_map(|(_, s)| s.state()).map(|a| App::clone(&a)).collect()
+    /// Every App cached, shared with the stores (not copied).
+    pub fn all(&self) -> Vec<Arc<App>> {
+        self.0.iter().flat_map(|(_, s)| s.state()).collect()
     }
 
     pub fn get(&self, namespace: &str, name: &str) -> Option<App> {

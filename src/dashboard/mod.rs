@@ -357,7 +357,7 @@ fn page_problem(d: &Dashboard, headers: &HeaderMap, status: StatusCode, title: &
 async fn overview(State(d): State<Shared>, Query(filter): Query<Filter>, headers: HeaderMap) -> Response {
     let filter = filter.normalized();
     let apps = d.apps.all();
-    let tenants: Option<Vec<Tenant>> = d.tenants.as_ref().map(|s| s.state().iter().map(|t| Tenant::clone(t)).collect());
+    let tenants = d.tenants.as_ref().map(Store::state);
     let view = model::overview(&apps, tenants.as_deref(), &filter);
     respond(&d, &headers, StatusCode::OK, "Overview", "overview", pages::overview(&view, &d.notices))
 }

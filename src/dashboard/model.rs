@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::conditions::{PROGRESSING, READY};
@@ -135,9 +136,9 @@ fn progress(status: &AppStatus) -> Option<String> {
 }
 
 /// Namespace → Tenant, from the Tenants' specs.
-fn tenant_of_namespace(tenants: &[Tenant]) -> BTreeMap<&str, &str> {
+fn tenant_of_namespace<T: Borrow<Tenant>>(tenants: &[T]) -> BTreeMap<&str, &str> {
     let mut map = BTreeMap::new();
-    for t in tenants {
+    for t in tenants.iter().map(Borrow::borrow) {
         let name = t.metadata.name.as_deref().unwrap_or_default();
         for ns in &t.spec.namespaces {
             map.entry(ns.as_str()).or_insert(name);
@@ -162,16 +163,18 @@ pub fn app_row(app: &App, tenant: Option<&str>) -> AppRow {
 }
 
 /// The overview of `apps` (and `tenants`, when the user may list them) narrowed by `filter`.
-pub fn overview(apps: &[App], tenants: Option<&[Tenant]>, filter: &Filter) -> Overview {
+/// Takes the objects or the cache's shared pointers to them alike.
+pub fn overview<A: Borrow<App>, T: Borrow<Tenant>>(apps: &[A], tenants: Option<&[T]>, filter: &Filter) -> Overview {
     let owners = tenant_of_namespace(tenants.unwrap_or_default());
     let all: Vec<AppRow> = apps
         .iter()
+        .map(Borrow::borrow)
         .map(|a| app_row(a, a.metadata.namespace.as_deref().and_then(|ns| owners.get(ns).copied())))
         .collect();
     let mut namespaces: BTreeSet<String> = all.iter().map(|r| r.namespace.clone()).collect();
     namespaces.extend(owners.keys().map(|ns| ns.to_string()));
     let tenant_rows = tenants.map(|ts| {
-        let mut rows: Vec<TenantRow> = ts.iter().map(|t| tenant_row(t, &all)).collect();
+        let mut rows: Vec<TenantRow> = ts.iter().map(|t| tenant_row(t.borrow(), &all)).collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name));
         rows
     });
@@ -422,7 +425,7 @@ pub struct AppView {
     pub target_version: Option<String>,
     pub strategy: String,
     pub steps: Vec<StepView>,
-    /// Replicas of the canary and of the stable version during a canary or blue-green rollout.
+    /// Where a canary rollout stands, as `flotilla status` says it.
     pub canary: Option<String>,
     pub blue_green: Option<String>,
     pub route: Option<RouteView>,

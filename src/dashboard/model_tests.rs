@@ -76,7 +76,8 @@ fn overview_puts_rollouts_on_top_and_narrows_by_tenant_namespace_and_phase() {
     assert_eq!(by_tenant.apps.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["cart", "web"]);
     let by_ns = overview(&apps, Some(&tenants), &Filter { namespace: Some("blog".into()), ..Filter::default() });
     assert_eq!(by_ns.apps.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["posts"]);
-    let by_phase = overview(&apps, None, &Filter { phase: Some("Progressing".into()), ..Filter::default() });
+    let by_phase =
+        overview(&apps, None::<&[Tenant]>, &Filter { phase: Some("Progressing".into()), ..Filter::default() });
     assert_eq!(by_phase.apps.len(), 1);
     assert_eq!(by_phase.phases.iter().find(|(p, _)| *p == "Healthy"), Some(&("Healthy", 0)));
     assert!(by_phase.tenants.is_none(), "no Tenants section without the right to list them");
@@ -236,11 +237,11 @@ fn plots_prefer_prometheus_and_say_why_not() {
 #[test]
 fn the_overview_pages_through_many_apps() {
     let apps: Vec<App> = (0..450).map(|i| healthy("ns", &format!("app-{i:03}"))).collect();
-    let first = overview(&apps, None, &Filter::default());
+    let first = overview(&apps, None::<&[Tenant]>, &Filter::default());
     assert_eq!((first.total, first.page, first.pages, first.apps.len()), (450, 1, 3, PAGE_SIZE));
-    let last = overview(&apps, None, &Filter { page: Some(3), ..Filter::default() });
+    let last = overview(&apps, None::<&[Tenant]>, &Filter { page: Some(3), ..Filter::default() });
     assert_eq!((last.page, last.apps.len(), last.apps[0].name.as_str()), (3, 50, "app-400"));
-    let beyond = overview(&apps, None, &Filter { page: Some(99), ..Filter::default() });
+    let beyond = overview(&apps, None::<&[Tenant]>, &Filter { page: Some(99), ..Filter::default() });
     assert_eq!(beyond.page, 3, "a page past the end shows the last");
     let q = super::super::pages::filter_query(&Filter { tenant: Some("a&b=c".into()), ..Filter::default() }, 2);
     assert_eq!(q, "tenant=a%26b%3Dc&page=2");
