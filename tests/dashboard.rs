@@ -23,14 +23,9 @@ const LIVE: Duration = Duration::from_secs(5);
 
 /// A raw HTTP/1.0 request to the dashboard (to send headers a browser would not).
 async fn raw(url: &str, request: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = url.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connecting to the dashboard");
-    stream.write_all(request.as_bytes()).await.expect("writing the request");
-    let mut buf = String::new();
-    stream.read_to_string(&mut buf).await.expect("reading the response");
-    let code = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, buf)
+    support::http_exchange(url.trim_start_matches("http://"), request)
+        .await
+        .unwrap_or_else(|| panic!("no HTTP answer from the dashboard at {url}"))
 }
 
 /// A kubeconfig for the ServiceAccount `namespace/name`, with a token from the TokenRequest API.

@@ -436,14 +436,21 @@ fn free_port() -> u16 {
 
 /// A tiny HTTP/1.0 GET against the admin server: status code and body.
 pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let (code, response) = http_exchange(addr, &format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")).await?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// Sends `request` (a whole HTTP/1.0 request, as written) to `addr`; the status code and the
+/// whole response, headers included.
+pub async fn http_exchange(addr: &str, request: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.ok()?;
+    stream.write_all(request.as_bytes()).await.ok()?;
     let mut buf = String::new();
     stream.read_to_string(&mut buf).await.ok()?;
     let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((code, body))
+    Some((code, buf))
 }
 
 /// A Tenant named like its only namespace, onboarded, with one App of one replica that is
