@@ -5,6 +5,7 @@
 # then prints heaptrack's top consumers of memory at the peak.
 #
 #   bash bench/heap.sh [NAMESPACES] [APPS]      default 20 namespaces, 1000 Apps
+#   FLOTILLA_BENCH_BIN=path                     another build of the replica to profile
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/hack/versions.sh"
@@ -27,8 +28,10 @@ fi
 bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
 bash hack/cluster.sh up "$CLUSTER" --disable-qps-limits >/dev/null
 KUBECONFIG=$(bash hack/cluster.sh kubeconfig "$CLUSTER"); export KUBECONFIG
-cargo build --locked --release --bin flotilla 2>&1 | tail -1
-BIN=$CARGO_TARGET_DIR/release/flotilla
+if [ -z "${FLOTILLA_BENCH_BIN:-}" ]; then
+  cargo build --locked --release --bin flotilla 2>&1 | tail -1
+fi
+BIN=${FLOTILLA_BENCH_BIN:-$CARGO_TARGET_DIR/release/flotilla}
 PID=
 cleanup() {
   [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null || true

@@ -582,3 +582,39 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     drop((c, d));
     support::cluster_script(&["down"]);
 }
+
+/// A replica whose Leases live in another namespace than the one the installed shard fence
+/// reads them from (what a kustomize overlay that moves the operator leaves behind) would be
+/// fenced by nothing: it must refuse to start, and say what to fix.
+#[tokio::test]
+async fn a_replica_the_fence_does_not_cover_refuses_to_start() {
+    support::use_private_cluster("flotilla-test-sharding");
+    let client = admin_client().await;
+    install_crds(&client).await;
+    let kubeconfig = operator_kubeconfig("fence-moved");
+    let log = std::env::temp_dir().join("flotilla-e2e-fence-moved.log");
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["run", "--replica-id", "fence-moved", "--operator-namespace", "platform", "--shards", "32"])
+            .args(["--admin-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0", "--memory-budget", "unlimited"])
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the replica whose fence reads Leases elsewhere did not exit within 60 s: it runs unfenced")
+    .expect("running the replica");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::write(&log, &text);
+    assert!(!out.status.success(), "the replica exited with success: {text}");
+    assert!(text.contains("the apiserver's admission policies do not cover this replica"), "{text}");
+    assert!(
+        text.contains("ValidatingAdmissionPolicyBinding flotilla-shard-fence-0 reads Lease flotilla-system/flotilla-shard-0, but this replica's shard 0 is Lease platform/flotilla-shard-0"),
+        "{text}"
+    );
+    // It took nothing on its way out.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "platform");
+    assert!(leases.list(&ListParams::default()).await.map(|l| l.items.is_empty()).unwrap_or(true));
+}

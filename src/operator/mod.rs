@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod clients;
 pub mod fault;
+pub mod fence_config;
 pub mod namespace_clients;
 pub mod packing;
 pub mod token_identity;
@@ -103,6 +104,8 @@ pub enum OperatorError {
     Webhook(#[from] crate::webhook::WebhookError),
     #[error("{0}")]
     Identity(#[from] token_identity::IdentityMismatch),
+    #[error(transparent)]
+    Fence(#[from] fence_config::Misconfigured),
 }
 
 /// A client from an explicit kubeconfig, or in-cluster / $KUBECONFIG.
@@ -197,10 +200,23 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     let control = all.client()?;
     if settings.namespace.is_none() {
         match token_identity::check(&control, &settings.replica_id).await? {
-            token_identity::ServerFence::Active => {
-                info!(replica = settings.replica_id, "the apiserver fences this replica's writes by its shard Leases");
+            (token_identity::ServerFence::Active, username) => {
+                // The fence must also name this replica's user and Lease namespace, or it
+                // lets every write through (see `fence_config`).
+                let username = username.unwrap_or_default();
+                let leases = &settings.identity.namespace;
+                match fence_config::check(&control, &username, leases, settings.sharding.shards).await? {
+                    fence_config::Verdict::Covers => info!(
+                        replica = settings.replica_id,
+                        "the apiserver fences this replica's writes by its shard Leases"
+                    ),
+                    fence_config::Verdict::Unknown { why } => tracing::warn!(
+                        replica = settings.replica_id,
+                        "could not read the apiserver's shard fence to check that it covers this replica ({why}); rbac/operator.yaml lets the operator read it"
+                    ),
+                }
             }
-            token_identity::ServerFence::Inactive { why } => tracing::warn!(
+            (token_identity::ServerFence::Inactive { why }, _) => tracing::warn!(
                 replica = settings.replica_id,
                 "the apiserver's shard fence does not cover this replica ({why}): a write delayed past the loss of its shard is stopped only by its preconditions. In-cluster replicas have Pod-bound tokens; outside, use `kubectl create token --bound-object-kind Pod`"
             ),

@@ -41,10 +41,11 @@ pub fn judge(extra: Option<&BTreeMap<String, Vec<String>>>, replica: &str) -> Re
     }
 }
 
-/// Asks the apiserver who this client is, and judges it. A slow or restarting apiserver is
-/// asked again (5 times, 2 s apart) before the replica starts without knowing: a mismatch
-/// found late would have every write refused.
-pub async fn check(client: &Client, replica: &str) -> Result<ServerFence, IdentityMismatch> {
+/// Asks the apiserver who this client is, and judges it; also returns the user name the
+/// apiserver knows this client by. A slow or restarting apiserver is asked again (5 times,
+/// 2 s apart) before the replica starts without knowing: a mismatch found late would have
+/// every write refused.
+pub async fn check(client: &Client, replica: &str) -> Result<(ServerFence, Option<String>), IdentityMismatch> {
     let api: Api<SelfSubjectReview> = Api::all(client.clone());
     let mut last = String::new();
     for attempt in 0..5 {
@@ -53,13 +54,13 @@ pub async fn check(client: &Client, replica: &str) -> Result<ServerFence, Identi
         }
         match api.create(&PostParams::default(), &SelfSubjectReview::default()).await {
             Ok(review) => {
-                let extra = review.status.and_then(|s| s.user_info).and_then(|u| u.extra);
-                return judge(extra.as_ref(), replica);
+                let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+                return judge(user.extra.as_ref(), replica).map(|fence| (fence, user.username));
             }
             Err(e) => last = e.to_string(),
         }
     }
-    Ok(ServerFence::Inactive { why: format!("the apiserver did not say who this replica is ({last})") })
+    Ok((ServerFence::Inactive { why: format!("the apiserver did not say who this replica is ({last})") }, None))
 }
 
 #[cfg(test)]
