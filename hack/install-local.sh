@@ -11,7 +11,22 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 . "$here/versions.sh"
 cluster=$1 out=$2
-kubectl apply --server-side -f "$root/crds/flotilla.dev.yaml" >/dev/null
+# Running replicas point the CRDs' conversion at their webhook by URL (src/webhook/crd.rs).
+# Applying crds/ as it is would add the in-cluster Service beside that URL, which the
+# apiserver refuses ("exactly one of url or service"): a second run of the demo failed so.
+# So the CRDs are applied with the conversion they have now, and the replicas keep it.
+current=$(kubectl get crd apps.flotilla.dev -o jsonpath='{.spec.conversion.webhook.clientConfig.url} {.spec.conversion.webhook.clientConfig.caBundle}' 2>/dev/null || true)
+python3 - "$root/crds/flotilla.dev.yaml" $current <<'PY' | kubectl apply --server-side --force-conflicts -f - >/dev/null
+import sys
+text = open(sys.argv[1]).read()
+if len(sys.argv) == 4:
+    service = ("        service:\n          name: flotilla-webhook\n          namespace: flotilla-system\n"
+               "          path: /convert\n          port: 443\n")
+    if text.count(service) != 2:
+        sys.exit("crds/flotilla.dev.yaml: the conversion's Service block changed; update hack/install-local.sh")
+    text = text.replace(service, f"        url: {sys.argv[2]}\n        caBundle: {sys.argv[3]}\n")
+sys.stdout.write(text)
+PY
 # kubectl wait fails at once ("accessor error") on a CRD that has no status yet: try again.
 for try in $(seq 20); do
   kubectl wait --for=condition=Established crd/apps.flotilla.dev crd/tenants.flotilla.dev --timeout=60s >/dev/null 2>&1 && break
