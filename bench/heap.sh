@@ -51,7 +51,10 @@ done | kubectl apply -f - >/dev/null
 heaptrack -o "$WORK/heap" "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9670 --webhook-addr 127.0.0.1:0 \
   --replica-id heap-0 >"$WORK/replica.log" 2>&1 &
 PID=$!
-until curl -fs 127.0.0.1:9670/readyz >/dev/null 2>&1; do sleep 0.5; done
+until curl -fs 127.0.0.1:9670/readyz >/dev/null 2>&1; do
+  kill -0 "$PID" 2>/dev/null || { echo "the replica exited; its log:" >&2; cat "$WORK/replica.log" >&2; exit 1; }
+  sleep 0.5
+done
 until [ "$(kubectl get tenants -o jsonpath='{.items[*].status.namespaces[*].state}' | tr ' ' '\n' | grep -c '^Onboarded$')" -ge "$NAMESPACES" ]; do sleep 1; done
 echo ">> creating $APPS Apps in $NAMESPACES namespaces"
 n=0

@@ -57,7 +57,10 @@ PID=$!
     sleep 0.5
   done ) >"$WORK/rss" &
 SAMPLER=$!
-until curl -fs 127.0.0.1:9671/readyz >/dev/null 2>&1; do sleep 0.5; done
+until curl -fs 127.0.0.1:9671/readyz >/dev/null 2>&1; do
+  kill -0 "$PID" 2>/dev/null || { echo "the replica exited; its log:" >&2; cat "$WORK/replica.log" >&2; exit 1; }
+  sleep 0.5
+done
 until [ "$(kubectl get tenants -o jsonpath='{.items[*].status.namespaces[*].state}' | tr ' ' '\n' | grep -c '^Onboarded$')" -ge "$NAMESPACES" ]; do sleep 1; done
 onboarded_rss=$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$PID/status")
 echo ">> $NAMESPACES namespaces onboarded, RSS ${onboarded_rss} MiB; creating $APPS Apps"

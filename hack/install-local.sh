@@ -15,17 +15,32 @@ cluster=$1 out=$2
 # Applying crds/ as it is would add the in-cluster Service beside that URL, which the
 # apiserver refuses ("exactly one of url or service"): a second run of the demo failed so.
 # So the CRDs are applied with the conversion they have now, and the replicas keep it.
-current=$(kubectl get crd apps.flotilla.dev -o jsonpath='{.spec.conversion.webhook.clientConfig.url} {.spec.conversion.webhook.clientConfig.caBundle}' 2>/dev/null || true)
-python3 - "$root/crds/flotilla.dev.yaml" $current <<'PY' | kubectl apply --server-side --force-conflicts -f - >/dev/null
-import sys
-text = open(sys.argv[1]).read()
-if len(sys.argv) == 4:
-    service = ("        service:\n          name: flotilla-webhook\n          namespace: flotilla-system\n"
-               "          path: /convert\n          port: 443\n")
-    if text.count(service) != 2:
+# --ignore-not-found: a fresh cluster has no CRDs yet; an unreachable apiserver still fails.
+conversion() { # the conversion URL and caBundle a CRD has now, one per line (empty: none)
+  kubectl get crd "$1" --ignore-not-found \
+    -o jsonpath='{.spec.conversion.webhook.clientConfig.url}{"\n"}{.spec.conversion.webhook.clientConfig.caBundle}{"\n"}'
+}
+APPS_CONVERSION=$(conversion apps.flotilla.dev) TENANTS_CONVERSION=$(conversion tenants.flotilla.dev) \
+python3 - "$root/crds/flotilla.dev.yaml" <<'PY' | kubectl apply --server-side --force-conflicts -f - >/dev/null
+import json, os, sys
+docs = open(sys.argv[1]).read().split("\n---\n")
+service = ("        service:\n          name: flotilla-webhook\n          namespace: flotilla-system\n"
+           "          path: /convert\n          port: 443\n")
+for i, doc in enumerate(docs):
+    crd = "apps" if "\n  name: apps.flotilla.dev\n" in doc else "tenants" if "\n  name: tenants.flotilla.dev\n" in doc else None
+    if crd is None:
+        continue
+    url, _, ca = os.environ.get(f"{crd.upper()}_CONVERSION", "").partition("\n")
+    if not url.strip():
+        continue
+    if doc.count(service) != 1:
         sys.exit("crds/flotilla.dev.yaml: the conversion's Service block changed; update hack/install-local.sh")
-    text = text.replace(service, f"        url: {sys.argv[2]}\n        caBundle: {sys.argv[3]}\n")
-sys.stdout.write(text)
+    # JSON strings are YAML strings: any URL or bundle is written as it is.
+    keep = f"        url: {json.dumps(url.strip())}\n"
+    if ca.strip():
+        keep += f"        caBundle: {json.dumps(ca.strip())}\n"
+    docs[i] = doc.replace(service, keep)
+sys.stdout.write("\n---\n".join(docs))
 PY
 # kubectl wait fails at once ("accessor error") on a CRD that has no status yet: try again.
 for try in $(seq 20); do

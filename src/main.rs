@@ -262,6 +262,7 @@ fn main() -> ExitCode {
                     shutdown_grace: args.shutdown_grace,
                     pod_policy: flotilla::app::pod_policy::PodPolicy::new(&args.denied_pod_annotation_prefixes),
                     workload_url: args.workload_api_url,
+                    admission_policy_check: args.admission_policy_check,
                     identity: flotilla::tenancy::OperatorIdentity {
                         namespace: args.operator_namespace,
                         service_account: args.service_account,

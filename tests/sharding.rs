@@ -589,8 +589,8 @@ async fn shards_fail_over_hand_off_and_rebalance() {
 #[tokio::test]
 async fn a_replica_the_fence_does_not_cover_refuses_to_start() {
     support::use_private_cluster("flotilla-test-sharding");
-    let client = admin_client().await;
-    install_crds(&client).await;
+    // No CRDs needed (the replica exits before it reads any), and none installed: the other
+    // test of this binary runs beside this one in the same cluster.
     let kubeconfig = operator_kubeconfig("fence-moved");
     let log = std::env::temp_dir().join("flotilla-e2e-fence-moved.log");
     let out = tokio::time::timeout(
@@ -604,7 +604,7 @@ async fn a_replica_the_fence_does_not_cover_refuses_to_start() {
             .output(),
     )
     .await
-    .expect("the replica whose fence reads Leases elsewhere did not exit within 60 s: it runs unfenced")
+    .expect("the replica whose fence reads Leases elsewhere did not exit within 60 s: it runs (its check passed, or could not read the policies)")
     .expect("running the replica");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::write(&log, &text);
@@ -614,7 +614,4 @@ async fn a_replica_the_fence_does_not_cover_refuses_to_start() {
         text.contains("ValidatingAdmissionPolicyBinding flotilla-shard-fence-0 reads Lease flotilla-system/flotilla-shard-0, but this replica's shard 0 is Lease platform/flotilla-shard-0"),
         "{text}"
     );
-    // It took nothing on its way out.
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "platform");
-    assert!(leases.list(&ListParams::default()).await.map(|l| l.items.is_empty()).unwrap_or(true));
 }

@@ -217,6 +217,13 @@ pub struct RunArgs {
     /// left cannot write; keep it under the pod's terminationGracePeriodSeconds (30 s).
     #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: std::time::Duration,
+    /// What a replica with a Pod-bound token does when the admission policies it reads at
+    /// start (the shard fence and the limits on its own writes, rbac/) name another user or
+    /// another Lease namespace than its own, so that they would let its writes through:
+    /// `refuse` exits with what to fix; `warn` logs an error and runs, for installs that fence
+    /// the operator by other means.
+    #[arg(long, env = "FLOTILLA_ADMISSION_POLICY_CHECK", value_enum, default_value_t = crate::operator::fence_config::OnMismatch::Refuse)]
+    pub admission_policy_check: crate::operator::fence_config::OnMismatch,
     /// Memory the Apps this replica serves may fill (256Mi, 1Gi, or unlimited): once the
     /// Apps it serves fill it, at about 64 KiB each over 40 MiB, the replica takes no more
     /// shards and leaves them to its peers, or unowned (flotilla_shards_unowned) rather than be

@@ -18,11 +18,14 @@ use kube::api::Api;
 /// The policy that fences each shard (rbac/shard-fence.yaml).
 pub const POLICY: &str = "flotilla-shard-fence-per-shard";
 
+/// The policy (and its binding) that refuses writes in shards without a binding of their own.
+pub const UNBOUND: &str = "flotilla-shard-fence-unbound";
+
 /// Every policy that matches the operator's requests by its user name: the shard fence's two
 /// and the limits on its own writes (rbac/admission.yaml).
 pub const POLICIES: [&str; 6] = [
     POLICY,
-    "flotilla-shard-fence-unbound",
+    UNBOUND,
     "flotilla-operator-onboarding",
     "flotilla-operator-tenant-admins",
     "flotilla-operator-namespaces",
@@ -43,209 +46,351 @@ pub struct Misconfigured {
     pub why: String,
 }
 
+/// What a replica does when the policies do not cover it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnMismatch {
+    /// Exit with what to fix (the default).
+    #[default]
+    Refuse,
+    /// Log it as an error and run: for installs that fence the operator by other means
+    /// (renamed policies, another admission controller).
+    Warn,
+}
+
 /// What the replica found when it read the policies.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Every policy matches this replica's user and every binding found reads this
-    /// replica's Leases (a shard without a binding is fenced shut by
-    /// flotilla-shard-fence-unbound).
+    /// Every policy matches exactly this replica's user, every binding is in place and
+    /// denies, and every shard's binding reads this replica's Lease (or the shard has no
+    /// binding and flotilla-shard-fence-unbound refuses every write there).
     Covers,
     /// The policies could not be read (an install older than the rule that lets the replica
-    /// read them, or the apiserver did not answer): not known.
+    /// read them, or an apiserver that did not answer in time): not known.
     Unknown { why: String },
 }
 
-/// Judges the installed policies (`(name, policy)` for each of `POLICIES`) and the
-/// bindings of shards `0..` for a replica that authenticates as `username` and keeps its
+/// What is installed: each of `POLICIES` with its binding (named like the policy, but for
+/// the per-shard policy), and the binding of each shard `0..`.
+#[derive(Clone, Debug, Default)]
+pub struct Installed {
+    pub policies: Vec<(&'static str, Option<ValidatingAdmissionPolicy>)>,
+    pub bindings: Vec<(&'static str, Option<ValidatingAdmissionPolicyBinding>)>,
+    pub shard_bindings: Vec<(u32, Option<ValidatingAdmissionPolicyBinding>)>,
+}
+
+/// The shard label values the unbound binding leaves to per-shard bindings (its `NotIn`).
+fn left_to_shard_bindings(unbound: &ValidatingAdmissionPolicyBinding) -> Vec<String> {
+    unbound
+        .spec
+        .match_resources
+        .as_ref()
+        .and_then(|m| m.namespace_selector.as_ref())
+        .and_then(|s| s.match_expressions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|e| e.key == "flotilla.dev/shard" && e.operator == "NotIn")
+        .flat_map(|e| e.values.clone().unwrap_or_default())
+        .collect()
+}
+
+/// Judges what is installed for a replica that authenticates as `username` and keeps its
 /// Leases in `lease_namespace`. Pure.
-pub fn judge(
-    policies: &[(&str, Option<ValidatingAdmissionPolicy>)],
-    bindings: &[(u32, Option<ValidatingAdmissionPolicyBinding>)],
-    username: &str,
-    lease_namespace: &str,
-) -> Result<(), Misconfigured> {
-    let quoted = format!("'{username}'");
-    for (name, policy) in policies {
+pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Result<(), Misconfigured> {
+    let refuse = |why: String| Err(Misconfigured { why });
+    // Exactly the operator's user: a condition that names it among others (an overlay that
+    // added a condition instead of replacing one) matches no request at all.
+    let squeeze = |s: &str| s.split_whitespace().collect::<String>();
+    let expected = squeeze(&format!("request.userInfo.username == '{username}'"));
+    for (name, policy) in &installed.policies {
         let Some(policy) = policy else {
-            return Err(Misconfigured { why: format!("ValidatingAdmissionPolicy {name} is not installed") });
+            return refuse(format!("ValidatingAdmissionPolicy {name} is not installed"));
         };
-        let names_me = policy
-            .spec
-            .as_ref()
-            .and_then(|s| s.match_conditions.as_ref())
-            .is_some_and(|conditions| conditions.iter().any(|c| c.expression.contains(&quoted)));
-        if !names_me {
-            return Err(Misconfigured {
-                why: format!(
-                    "ValidatingAdmissionPolicy {name} does not match requests of user {username}, this replica's"
-                ),
-            });
+        let conditions = policy.spec.as_ref().and_then(|s| s.match_conditions.clone()).unwrap_or_default();
+        let on_user: Vec<_> = conditions.iter().filter(|c| c.expression.contains("userInfo.username")).collect();
+        if on_user.len() != 1 || squeeze(&on_user[0].expression) != expected {
+            return refuse(format!(
+                "ValidatingAdmissionPolicy {name} does not match exactly the requests of user {username}, this replica's"
+            ));
         }
     }
-    for (shard, binding) in bindings {
-        let Some(binding) = binding else { continue };
+    let denies = |b: &ValidatingAdmissionPolicyBinding| b.spec.validation_actions.iter().any(|a| a == "Deny");
+    let mut unbound = None;
+    for (name, binding) in &installed.bindings {
+        let Some(binding) = binding else {
+            return refuse(format!("ValidatingAdmissionPolicyBinding {name} is not installed"));
+        };
+        if binding.spec.policy_name != *name {
+            return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not bind {name}"));
+        }
+        if !denies(binding) {
+            return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not Deny"));
+        }
+        if *name == UNBOUND {
+            unbound = Some(binding);
+        }
+    }
+    let left = unbound.map(left_to_shard_bindings).unwrap_or_default();
+    for (shard, binding) in &installed.shard_bindings {
         let name = binding_name(*shard);
+        let Some(binding) = binding else {
+            // Without its binding, a shard is fenced shut by the unbound policy, unless that
+            // policy leaves the shard to the missing binding: then nothing fences it.
+            if left.contains(&shard.to_string()) {
+                return refuse(format!(
+                    "shard {shard} has no ValidatingAdmissionPolicyBinding {name}, and {UNBOUND} leaves it to that binding: nothing fences its namespaces"
+                ));
+            }
+            continue;
+        };
         let spec = &binding.spec;
         if spec.policy_name != POLICY {
-            return Err(Misconfigured {
-                why: format!("ValidatingAdmissionPolicyBinding {name} does not bind {POLICY}"),
-            });
+            return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not bind {POLICY}"));
         }
         let param = spec.param_ref.as_ref();
         let lease = format!("flotilla-shard-{shard}");
         let (param_ns, param_name) =
             (param.and_then(|p| p.namespace.as_deref()), param.and_then(|p| p.name.as_deref()));
         if param_ns != Some(lease_namespace) || param_name != Some(lease.as_str()) {
-            return Err(Misconfigured {
-                why: format!(
-                    "ValidatingAdmissionPolicyBinding {name} reads Lease {}/{}, but this replica's shard {shard} is Lease {lease_namespace}/{lease}",
-                    param_ns.unwrap_or("(the request's namespace)"),
-                    param_name.unwrap_or("(none)")
-                ),
-            });
+            return refuse(format!(
+                "ValidatingAdmissionPolicyBinding {name} reads Lease {}/{}, but this replica's shard {shard} is Lease {lease_namespace}/{lease}",
+                param_ns.unwrap_or("(the request's namespace)"),
+                param_name.unwrap_or("(none)")
+            ));
         }
-        let denies = spec.validation_actions.iter().any(|a| a == "Deny");
-        if !denies {
-            return Err(Misconfigured { why: format!("ValidatingAdmissionPolicyBinding {name} does not Deny") });
+        if !denies(binding) {
+            return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not Deny"));
         }
     }
     Ok(())
 }
 
-/// Reads the policy and the bindings of `shards` shards and judges them. A 403 or an
-/// apiserver that does not answer is `Unknown` (the replica warns and starts); a fence that
-/// names another user or namespace is `Misconfigured`.
+/// How long the replica waits at start to read the policies before it runs without knowing.
+const CHECK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads the policies and bindings, at most 16 requests at once.
+async fn read(client: &Client, shards: u32) -> Result<Installed, kube::Error> {
+    use futures::{StreamExt, TryStreamExt};
+    let policies_api: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let bindings_api: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let policies = futures::stream::iter(POLICIES)
+        .map(|name| {
+            let api = policies_api.clone();
+            async move { api.get_opt(name).await.map(|p| (name, p)) }
+        })
+        .buffered(16)
+        .try_collect()
+        .await?;
+    let bindings = futures::stream::iter(POLICIES.into_iter().filter(|n| *n != POLICY))
+        .map(|name| {
+            let api = bindings_api.clone();
+            async move { api.get_opt(name).await.map(|b| (name, b)) }
+        })
+        .buffered(16)
+        .try_collect()
+        .await?;
+    let shard_bindings = futures::stream::iter(0..shards)
+        .map(|shard| {
+            let api = bindings_api.clone();
+            async move { api.get_opt(&binding_name(shard)).await.map(|b| (shard, b)) }
+        })
+        .buffered(16)
+        .try_collect()
+        .await?;
+    Ok(Installed { policies, bindings, shard_bindings })
+}
+
+/// Reads what is installed and judges it. Policies that name another user or namespace are
+/// `Misconfigured`. A 403 (roles older than this check), or no full answer within 10 s
+/// (tried again every 2 s meanwhile), is `Unknown`: the replica warns and starts.
 pub async fn check(
     client: &Client,
     username: &str,
     lease_namespace: &str,
     shards: u32,
 ) -> Result<Verdict, Misconfigured> {
-    let policies_api: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let bindings_api: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let mut policies = Vec::new();
-    for name in POLICIES {
-        match policies_api.get_opt(name).await {
-            Ok(p) => policies.push((name, p)),
-            Err(e) => return Ok(Verdict::Unknown { why: format!("reading ValidatingAdmissionPolicy {name}: {e}") }),
-        }
-    }
-    let mut bindings = Vec::new();
-    for shard in 0..shards {
-        match bindings_api.get_opt(&binding_name(shard)).await {
-            Ok(b) => bindings.push((shard, b)),
-            Err(e) => {
-                return Ok(Verdict::Unknown {
-                    why: format!("reading ValidatingAdmissionPolicyBinding {}: {e}", binding_name(shard)),
-                });
+    let attempts = async {
+        loop {
+            match read(client, shards).await {
+                Ok(installed) => return Ok(installed),
+                Err(kube::Error::Api(e)) if e.code == 403 => {
+                    return Err(format!(
+                        "may not read the admission policies ({}); rbac/operator.yaml lets it",
+                        e.message
+                    ));
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the admission policies; trying again");
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                }
             }
         }
+    };
+    match tokio::time::timeout(CHECK_DEADLINE, attempts).await {
+        Ok(Ok(installed)) => judge(&installed, username, lease_namespace).map(|()| Verdict::Covers),
+        Ok(Err(why)) => Ok(Verdict::Unknown { why }),
+        Err(_) => Ok(Verdict::Unknown { why: format!("the apiserver did not answer within {CHECK_DEADLINE:?}") }),
     }
-    judge(&policies, &bindings, username, lease_namespace).map(|()| Verdict::Covers)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const ME: &str = "system:serviceaccount:flotilla-system:flotilla";
-
-    type Policies = Vec<(&'static str, Option<ValidatingAdmissionPolicy>)>;
-
-    fn installed() -> (Policies, Vec<(u32, Option<ValidatingAdmissionPolicyBinding>)>) {
-        let docs = [include_str!("../../rbac/shard-fence.yaml"), include_str!("../../rbac/admission.yaml")];
-        let bindings_yaml = include_str!("../../rbac/shard-fence-bindings.yaml");
-        let mut policies: Policies = POLICIES.iter().map(|n| (*n, None)).collect();
-        for doc in docs.iter().flat_map(|d| serde_yaml::Deserializer::from_str(d)) {
-            let value = serde_yaml::Value::deserialize(doc).expect("yaml");
-            if value["kind"] != "ValidatingAdmissionPolicy" {
-                continue;
-            }
-            let name = value["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            if let Some(slot) = policies.iter_mut().find(|(n, _)| *n == name) {
-                slot.1 = Some(serde_yaml::from_value(value).expect("policy"));
-            }
-        }
-        let mut bindings = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(bindings_yaml) {
-            let value = serde_yaml::Value::deserialize(doc).expect("yaml");
-            if value.is_null() {
-                continue;
-            }
-            let b: ValidatingAdmissionPolicyBinding = serde_yaml::from_value(value).expect("binding");
-            // The unbound policy's binding is the one without a shard number.
-            if let Some(shard) =
-                b.metadata.name.as_deref().and_then(|n| n.rsplit('-').next()).and_then(|s| s.parse().ok())
-            {
-                bindings.push((shard, Some(b)));
-            }
-        }
-        assert!(policies.iter().all(|(_, p)| p.is_some()), "every policy of POLICIES is in rbac/");
-        (policies, bindings)
-    }
-
     use serde::Deserialize;
 
+    const ME: &str = "system:serviceaccount:flotilla-system:flotilla";
+    const MOVED: &str = "system:serviceaccount:platform:flotilla";
+
+    /// What `rbac/` installs, read from the files themselves.
+    fn installed() -> Installed {
+        let files = [
+            include_str!("../../rbac/shard-fence.yaml"),
+            include_str!("../../rbac/admission.yaml"),
+            include_str!("../../rbac/shard-fence-bindings.yaml"),
+        ];
+        let mut installed = Installed {
+            policies: POLICIES.iter().map(|n| (*n, None)).collect(),
+            bindings: POLICIES.iter().filter(|n| **n != POLICY).map(|n| (*n, None)).collect(),
+            shard_bindings: Vec::new(),
+        };
+        for doc in files.iter().flat_map(|f| serde_yaml::Deserializer::from_str(f)) {
+            let value = serde_yaml::Value::deserialize(doc).expect("yaml");
+            let name = value["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            if value["kind"] == "ValidatingAdmissionPolicy" {
+                if let Some(slot) = installed.policies.iter_mut().find(|(n, _)| *n == name) {
+                    slot.1 = Some(serde_yaml::from_value(value).expect("policy"));
+                }
+            } else if value["kind"] == "ValidatingAdmissionPolicyBinding" {
+                let binding: ValidatingAdmissionPolicyBinding = serde_yaml::from_value(value).expect("binding");
+                if let Some(slot) = installed.bindings.iter_mut().find(|(n, _)| *n == name) {
+                    slot.1 = Some(binding);
+                } else if let Some(shard) = name.strip_prefix("flotilla-shard-fence-").and_then(|s| s.parse().ok()) {
+                    installed.shard_bindings.push((shard, Some(binding)));
+                }
+            }
+        }
+        assert!(installed.policies.iter().all(|(_, p)| p.is_some()), "every policy of POLICIES is in rbac/");
+        assert!(installed.bindings.iter().all(|(_, b)| b.is_some()), "every policy's binding is in rbac/");
+        installed
+    }
+
+    fn conditions(
+        installed: &mut Installed,
+        i: usize,
+    ) -> &mut Vec<k8s_openapi::api::admissionregistration::v1::MatchCondition> {
+        installed.policies[i]
+            .1
+            .as_mut()
+            .and_then(|p| p.spec.as_mut())
+            .and_then(|s| s.match_conditions.as_mut())
+            .expect("conditions")
+    }
+
+    /// The policies' user rewritten to `MOVED` (what the docs' overlay does first).
+    fn user_moved(mut installed: Installed) -> Installed {
+        for i in 0..installed.policies.len() {
+            for c in conditions(&mut installed, i) {
+                c.expression = c.expression.replace(ME, MOVED);
+            }
+        }
+        installed
+    }
+
     #[test]
-    fn the_fence_in_rbac_covers_a_replica_in_flotilla_system() {
-        let (policies, bindings) = installed();
-        assert_eq!(bindings.len(), 32);
-        assert_eq!(judge(&policies, &bindings, ME, "flotilla-system"), Ok(()));
+    fn the_policies_in_rbac_cover_a_replica_in_flotilla_system() {
+        let installed = installed();
+        assert_eq!(installed.shard_bindings.len(), 32);
+        assert_eq!(judge(&installed, ME, "flotilla-system"), Ok(()));
     }
 
     #[test]
     fn a_replica_moved_to_another_namespace_is_refused() {
-        let (policies, bindings) = installed();
-        let moved = "system:serviceaccount:platform:flotilla";
-        let err = judge(&policies, &bindings, moved, "platform").expect_err("another user");
-        assert!(err.why.contains("does not match requests of user system:serviceaccount:platform:flotilla"), "{err}");
+        let err = judge(&installed(), MOVED, "platform").expect_err("another user");
+        assert!(
+            err.why.contains("does not match exactly the requests of user system:serviceaccount:platform:flotilla"),
+            "{err}"
+        );
         // The user rewritten in all policies but one of the limits: still refused.
-        let mut rewritten = policies.clone();
-        for (_, p) in rewritten.iter_mut() {
-            for c in
-                p.as_mut().and_then(|p| p.spec.as_mut()).and_then(|s| s.match_conditions.as_mut()).expect("conditions")
-            {
-                c.expression = c.expression.replace(ME, moved);
-            }
-        }
-        let mut one_left = rewritten.clone();
-        one_left[4] = policies[4].clone();
-        let err = judge(&one_left, &bindings, moved, "platform").expect_err("one policy not rewritten");
+        let mut one_left = user_moved(installed());
+        one_left.policies[4] = installed().policies[4].clone();
+        let err = judge(&one_left, MOVED, "platform").expect_err("one policy not rewritten");
         assert!(err.why.contains("flotilla-operator-namespaces does not match"), "{err}");
         // The user rewritten everywhere, the bindings not (what a kustomize `namespace:` leaves).
-        let err = judge(&rewritten, &bindings, moved, "platform").expect_err("another Lease namespace");
+        let err = judge(&user_moved(installed()), MOVED, "platform").expect_err("another Lease namespace");
         assert!(err.why.contains("flotilla-shard-fence-0 reads Lease flotilla-system/flotilla-shard-0"), "{err}");
         assert!(err.to_string().contains("does not start"), "{err}");
+        // Both rewritten: covered.
+        let mut moved = user_moved(installed());
+        for (_, b) in moved.shard_bindings.iter_mut() {
+            if let Some(p) = b.as_mut().and_then(|b| b.spec.param_ref.as_mut()) {
+                p.namespace = Some("platform".into());
+            }
+        }
+        assert_eq!(judge(&moved, MOVED, "platform"), Ok(()));
     }
 
     #[test]
-    fn a_missing_policy_a_foreign_binding_or_a_warn_only_binding_is_refused() {
-        let (policies, bindings) = installed();
-        let mut missing = policies.clone();
-        missing[1].1 = None;
-        let err = judge(&missing, &bindings, ME, "flotilla-system").expect_err("missing");
+    fn a_condition_added_beside_the_old_one_is_refused() {
+        // An overlay that adds the new user's condition instead of replacing the old one:
+        // both must hold, so the policy matches no request at all.
+        let mut added = installed();
+        conditions(&mut added, 2).push(k8s_openapi::api::admissionregistration::v1::MatchCondition {
+            name: "the-operator-moved".into(),
+            expression: format!("request.userInfo.username == '{MOVED}'"),
+        });
+        let err = judge(&added, ME, "flotilla-system").expect_err("two conditions on the user");
+        assert!(err.why.contains("flotilla-operator-onboarding does not match exactly"), "{err}");
+        // A condition that only mentions the user (here, one that excludes it) is refused too.
+        let mut negated = installed();
+        conditions(&mut negated, 0)[0].expression = format!("request.userInfo.username != '{ME}'");
+        assert!(judge(&negated, ME, "flotilla-system").is_err());
+    }
+
+    #[test]
+    fn missing_foreign_or_warn_only_policies_and_bindings_are_refused() {
+        let mut missing = installed();
+        missing.policies[1].1 = None;
+        let err = judge(&missing, ME, "flotilla-system").expect_err("missing policy");
         assert!(err.why.contains("flotilla-shard-fence-unbound is not installed"), "{err}");
-        let mut other = bindings.clone();
-        if let Some(spec) = other[3].1.as_mut().map(|b| &mut b.spec) {
-            spec.policy_name = "something-else".into();
+        let mut no_binding = installed();
+        no_binding.bindings[3].1 = None;
+        let err = judge(&no_binding, ME, "flotilla-system").expect_err("missing binding");
+        assert!(
+            err.why.contains("ValidatingAdmissionPolicyBinding flotilla-operator-namespaces is not installed"),
+            "{err}"
+        );
+        let mut other = installed();
+        if let Some(b) = other.shard_bindings[3].1.as_mut() {
+            b.spec.policy_name = "something-else".into();
         }
-        assert!(judge(&policies, &other, ME, "flotilla-system").expect_err("foreign").why.contains("does not bind"));
-        let mut warn = bindings.clone();
-        if let Some(spec) = warn[5].1.as_mut().map(|b| &mut b.spec) {
-            spec.validation_actions = vec!["Warn".into()];
+        assert!(judge(&other, ME, "flotilla-system").expect_err("foreign").why.contains("does not bind"));
+        let mut warn = installed();
+        if let Some(b) = warn.shard_bindings[5].1.as_mut() {
+            b.spec.validation_actions = vec!["Warn".into()];
         }
-        assert!(judge(&policies, &warn, ME, "flotilla-system").expect_err("warn only").why.contains("does not Deny"));
-        let mut wrong_lease = bindings.clone();
-        if let Some(p) = wrong_lease[7].1.as_mut().and_then(|b| b.spec.param_ref.as_mut()) {
+        assert!(judge(&warn, ME, "flotilla-system").expect_err("warn only").why.contains("does not Deny"));
+        let mut warn_limit = installed();
+        if let Some(b) = warn_limit.bindings[4].1.as_mut() {
+            b.spec.validation_actions = vec!["Audit".into()];
+        }
+        assert!(judge(&warn_limit, ME, "flotilla-system").expect_err("audit only").why.contains("does not Deny"));
+        let mut wrong_lease = installed();
+        if let Some(p) = wrong_lease.shard_bindings[7].1.as_mut().and_then(|b| b.spec.param_ref.as_mut()) {
             p.name = Some("flotilla-shard-8".into());
         }
-        assert!(judge(&policies, &wrong_lease, ME, "flotilla-system").is_err());
+        assert!(judge(&wrong_lease, ME, "flotilla-system").is_err());
     }
 
     #[test]
-    fn a_shard_without_a_binding_is_left_to_the_unbound_policy() {
-        let (policies, mut bindings) = installed();
-        bindings[9].1 = None;
-        assert_eq!(judge(&policies, &bindings, ME, "flotilla-system"), Ok(()));
+    fn a_shard_without_its_binding_is_refused_unless_the_unbound_policy_fences_it_shut() {
+        // rbac/ leaves shards 0-31 to their bindings: without one, nothing fences shard 9.
+        let mut missing = installed();
+        missing.shard_bindings[9].1 = None;
+        let err = judge(&missing, ME, "flotilla-system").expect_err("shard 9 unfenced");
+        assert!(err.why.contains("shard 9 has no ValidatingAdmissionPolicyBinding flotilla-shard-fence-9"), "{err}");
+        // A replica run with more shards than bindings: shard 32 is not left to a binding, so
+        // the unbound policy refuses every write there (fenced shut, not open).
+        let mut more = installed();
+        more.shard_bindings.push((32, None));
+        assert_eq!(judge(&more, ME, "flotilla-system"), Ok(()));
     }
 }

@@ -72,6 +72,8 @@ pub struct Settings {
     pub pod_policy: crate::app::pod_policy::PodPolicy,
     /// How long a SIGTERMed replica waits for its tasks before it exits without them.
     pub shutdown_grace: Duration,
+    /// Whether a replica the admission policies do not cover refuses to start.
+    pub admission_policy_check: fence_config::OnMismatch,
     /// For tests of network faults only: every request but the Leases' goes to this URL (a
     /// proxy in front of the same apiserver), so that the workload path can be broken while
     /// the Lease path works.
@@ -130,6 +132,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         shutdown_grace: Duration::from_secs(10),
         pod_policy: Default::default(),
         workload_url: None,
+        admission_policy_check: fence_config::OnMismatch::Refuse,
     };
     Ok(clients(&settings, None).await?.client()?)
 }
@@ -201,19 +204,31 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     if settings.namespace.is_none() {
         match token_identity::check(&control, &settings.replica_id).await? {
             (token_identity::ServerFence::Active, username) => {
-                // The fence must also name this replica's user and Lease namespace, or it
-                // lets every write through (see `fence_config`).
-                let username = username.unwrap_or_default();
+                // The policies must also name this replica's user and Lease namespace, or
+                // they let every write through (see `fence_config`).
                 let leases = &settings.identity.namespace;
-                match fence_config::check(&control, &username, leases, settings.sharding.shards).await? {
-                    fence_config::Verdict::Covers => info!(
+                let verdict = match username {
+                    Some(user) => fence_config::check(&control, &user, leases, settings.sharding.shards).await,
+                    None => {
+                        Ok(fence_config::Verdict::Unknown { why: "the apiserver did not say the user name".into() })
+                    }
+                };
+                match verdict {
+                    Ok(fence_config::Verdict::Covers) => info!(
                         replica = settings.replica_id,
                         "the apiserver fences this replica's writes by its shard Leases"
                     ),
-                    fence_config::Verdict::Unknown { why } => tracing::warn!(
+                    Ok(fence_config::Verdict::Unknown { why }) => tracing::warn!(
                         replica = settings.replica_id,
-                        "could not read the apiserver's shard fence to check that it covers this replica ({why}); rbac/operator.yaml lets the operator read it"
+                        "could not check that the apiserver's admission policies cover this replica: {why}"
                     ),
+                    Err(e) if settings.admission_policy_check == fence_config::OnMismatch::Warn => {
+                        tracing::error!(
+                            replica = settings.replica_id,
+                            "{e} (running anyway: --admission-policy-check=warn)"
+                        )
+                    }
+                    Err(e) => return Err(e.into()),
                 }
             }
             (token_identity::ServerFence::Inactive { why }, _) => tracing::warn!(
