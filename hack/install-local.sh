@@ -20,7 +20,9 @@ conversion() { # the conversion URL and caBundle a CRD has now, one per line (em
   kubectl get crd "$1" --ignore-not-found \
     -o jsonpath='{.spec.conversion.webhook.clientConfig.url}{"\n"}{.spec.conversion.webhook.clientConfig.caBundle}{"\n"}'
 }
-APPS_CONVERSION=$(conversion apps.flotilla.dev) TENANTS_CONVERSION=$(conversion tenants.flotilla.dev) \
+apps_conversion=$(conversion apps.flotilla.dev)
+tenants_conversion=$(conversion tenants.flotilla.dev)
+APPS_CONVERSION=$apps_conversion TENANTS_CONVERSION=$tenants_conversion \
 python3 - "$root/crds/flotilla.dev.yaml" <<'PY' | kubectl apply --server-side --force-conflicts -f - >/dev/null
 import json, os, sys
 docs = open(sys.argv[1]).read().split("\n---\n")

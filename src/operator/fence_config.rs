@@ -11,7 +11,9 @@
 //! write what the limits forbid it. A replica reads the policies and the bindings of its
 //! shards at start and refuses to run when they name another user or another namespace.
 
-use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use kube::Client;
 use kube::api::Api;
 
@@ -61,9 +63,9 @@ pub enum OnMismatch {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Every policy matches exactly this replica's user, every binding is in place and
-    /// denies, and every shard's binding reads this replica's Lease (or the shard has no
-    /// binding and flotilla-shard-fence-unbound refuses every write there).
-    Covers,
+    /// denies, and every shard's binding reads this replica's Lease, but for `shut`: shards
+    /// without a binding, where flotilla-shard-fence-unbound refuses every write.
+    Covers { shut: Vec<u32> },
     /// The policies could not be read (an install older than the rule that lets the replica
     /// read them, or an apiserver that did not answer in time): not known.
     Unknown { why: String },
@@ -78,38 +80,90 @@ pub struct Installed {
     pub shard_bindings: Vec<(u32, Option<ValidatingAdmissionPolicyBinding>)>,
 }
 
-/// The shard label values the unbound binding leaves to per-shard bindings (its `NotIn`).
-fn left_to_shard_bindings(unbound: &ValidatingAdmissionPolicyBinding) -> Vec<String> {
-    unbound
-        .spec
-        .match_resources
-        .as_ref()
-        .and_then(|m| m.namespace_selector.as_ref())
-        .and_then(|s| s.match_expressions.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|e| e.key == "flotilla.dev/shard" && e.operator == "NotIn")
-        .flat_map(|e| e.values.clone().unwrap_or_default())
-        .collect()
+/// The shard label values the unbound binding leaves to per-shard bindings (its `NotIn`),
+/// when its selector is exactly one `NotIn` on the shard label and nothing else (`None`:
+/// it selects some other way, so which shards it fences shut is not known).
+fn left_to_shard_bindings(unbound: &ValidatingAdmissionPolicyBinding) -> Option<Vec<String>> {
+    let m = unbound.spec.match_resources.as_ref()?;
+    let namespaces = m.namespace_selector.as_ref()?;
+    let expressions = namespaces.match_expressions.as_deref().unwrap_or_default();
+    match expressions {
+        [e] if e.key == "flotilla.dev/shard"
+            && e.operator == "NotIn"
+            && namespaces.match_labels.as_ref().is_none_or(|l| l.is_empty())
+            && only_namespaces(m) =>
+        {
+            Some(e.values.clone().unwrap_or_default())
+        }
+        _ => None,
+    }
+}
+
+/// The user rbac/ is written for; the Helm chart and the overlays replace it.
+const SHIPPED_USER: &str = "system:serviceaccount:flotilla-system:flotilla";
+
+/// A policy's match conditions as (name, expression without whitespace), sorted.
+fn conditions_of(conditions: &[MatchCondition]) -> Vec<(String, String)> {
+    let mut out: Vec<_> =
+        conditions.iter().map(|c| (c.name.clone(), c.expression.split_whitespace().collect::<String>())).collect();
+    out.sort();
+    out
+}
+
+/// The match conditions rbac/ gives policy `name`, for `username` (`None`: not in rbac/).
+fn shipped_conditions(name: &str, username: &str) -> Option<Vec<(String, String)>> {
+    use serde::Deserialize;
+    let files = [include_str!("../../rbac/shard-fence.yaml"), include_str!("../../rbac/admission.yaml")];
+    let policy = files
+        .iter()
+        .flat_map(|f| serde_yaml::Deserializer::from_str(f))
+        .filter_map(|doc| ValidatingAdmissionPolicy::deserialize(doc).ok())
+        .find(|p| p.metadata.name.as_deref() == Some(name))?;
+    let mut conditions = policy.spec?.match_conditions.unwrap_or_default();
+    for c in &mut conditions {
+        c.expression = c.expression.replace(&format!("'{SHIPPED_USER}'"), &format!("'{username}'"));
+    }
+    Some(conditions_of(&conditions))
+}
+
+/// Whether `binding` selects exactly the namespaces labelled with shard `shard`.
+fn selects_shard(binding: &ValidatingAdmissionPolicyBinding, shard: u32) -> bool {
+    let Some(m) = binding.spec.match_resources.as_ref() else { return false };
+    let namespaces = m.namespace_selector.as_ref();
+    let labels = namespaces.and_then(|s| s.match_labels.clone()).unwrap_or_default();
+    labels.len() == 1
+        && labels.get("flotilla.dev/shard") == Some(&shard.to_string())
+        && namespaces.and_then(|s| s.match_expressions.as_ref()).is_none_or(|e| e.is_empty())
+        && only_namespaces(m)
+}
+
+/// Whether a binding's match narrows nothing but the namespaces (no object selector, no
+/// resource rules of its own, none excluded).
+fn only_namespaces(m: &k8s_openapi::api::admissionregistration::v1::MatchResources) -> bool {
+    m.object_selector.as_ref().is_none_or(|o| {
+        o.match_labels.as_ref().is_none_or(|l| l.is_empty())
+            && o.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+    }) && m.resource_rules.as_ref().is_none_or(|r| r.is_empty())
+        && m.exclude_resource_rules.as_ref().is_none_or(|r| r.is_empty())
 }
 
 /// Judges what is installed for a replica that authenticates as `username` and keeps its
 /// Leases in `lease_namespace`. Pure.
-pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Result<(), Misconfigured> {
+/// `Ok` holds the shards that have no binding and are fenced shut by the unbound policy:
+/// every write of a replica there is refused.
+pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Result<Vec<u32>, Misconfigured> {
     let refuse = |why: String| Err(Misconfigured { why });
-    // Exactly the operator's user: a condition that names it among others (an overlay that
-    // added a condition instead of replacing one) matches no request at all.
-    let squeeze = |s: &str| s.split_whitespace().collect::<String>();
-    let expected = squeeze(&format!("request.userInfo.username == '{username}'"));
+    // Exactly the conditions shipped in rbac/, with this replica's user: a condition added
+    // beside them (an overlay that added the new user's condition instead of replacing the
+    // old one), however it is spelled, makes the policy match no request at all.
     for (name, policy) in &installed.policies {
         let Some(policy) = policy else {
             return refuse(format!("ValidatingAdmissionPolicy {name} is not installed"));
         };
-        let conditions = policy.spec.as_ref().and_then(|s| s.match_conditions.clone()).unwrap_or_default();
-        let on_user: Vec<_> = conditions.iter().filter(|c| c.expression.contains("userInfo.username")).collect();
-        if on_user.len() != 1 || squeeze(&on_user[0].expression) != expected {
+        let found = conditions_of(policy.spec.as_ref().and_then(|s| s.match_conditions.as_deref()).unwrap_or_default());
+        if Some(found) != shipped_conditions(name, username) {
             return refuse(format!(
-                "ValidatingAdmissionPolicy {name} does not match exactly the requests of user {username}, this replica's"
+                "the match conditions of ValidatingAdmissionPolicy {name} are not those of rbac/ for user {username}, this replica's"
             ));
         }
     }
@@ -129,19 +183,35 @@ pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Re
             unbound = Some(binding);
         }
     }
-    let left = unbound.map(left_to_shard_bindings).unwrap_or_default();
+    let left = unbound.and_then(left_to_shard_bindings);
+    let mut shut = Vec::new();
     for (shard, binding) in &installed.shard_bindings {
         let name = binding_name(*shard);
         let Some(binding) = binding else {
             // Without its binding, a shard is fenced shut by the unbound policy, unless that
             // policy leaves the shard to the missing binding: then nothing fences it.
-            if left.contains(&shard.to_string()) {
-                return refuse(format!(
-                    "shard {shard} has no ValidatingAdmissionPolicyBinding {name}, and {UNBOUND} leaves it to that binding: nothing fences its namespaces"
-                ));
+            match &left {
+                Some(left) if !left.contains(&shard.to_string()) => {
+                    shut.push(*shard);
+                    continue;
+                }
+                Some(_) => {
+                    return refuse(format!(
+                        "shard {shard} has no ValidatingAdmissionPolicyBinding {name}, and {UNBOUND} leaves it to that binding: nothing fences its namespaces"
+                    ));
+                }
+                None => {
+                    return refuse(format!(
+                        "shard {shard} has no ValidatingAdmissionPolicyBinding {name}, and the binding {UNBOUND} does not select shards by a NotIn of those with bindings: nothing may fence its namespaces"
+                    ));
+                }
             }
-            continue;
         };
+        if !selects_shard(binding, *shard) {
+            return refuse(format!(
+                "ValidatingAdmissionPolicyBinding {name} does not select exactly the namespaces of shard {shard} (flotilla.dev/shard: \"{shard}\")"
+            ));
+        }
         let spec = &binding.spec;
         if spec.policy_name != POLICY {
             return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not bind {POLICY}"));
@@ -161,7 +231,7 @@ pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Re
             return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not Deny"));
         }
     }
-    Ok(())
+    Ok(shut)
 }
 
 /// How long the replica waits at start to read the policies before it runs without knowing.
@@ -226,7 +296,7 @@ pub async fn check(
         }
     };
     match tokio::time::timeout(CHECK_DEADLINE, attempts).await {
-        Ok(Ok(installed)) => judge(&installed, username, lease_namespace).map(|()| Verdict::Covers),
+        Ok(Ok(installed)) => judge(&installed, username, lease_namespace).map(|shut| Verdict::Covers { shut }),
         Ok(Err(why)) => Ok(Verdict::Unknown { why }),
         Err(_) => Ok(Verdict::Unknown { why: format!("the apiserver did not answer within {CHECK_DEADLINE:?}") }),
     }
@@ -299,21 +369,18 @@ mod tests {
     fn the_policies_in_rbac_cover_a_replica_in_flotilla_system() {
         let installed = installed();
         assert_eq!(installed.shard_bindings.len(), 32);
-        assert_eq!(judge(&installed, ME, "flotilla-system"), Ok(()));
+        assert_eq!(judge(&installed, ME, "flotilla-system"), Ok(vec![]));
     }
 
     #[test]
     fn a_replica_moved_to_another_namespace_is_refused() {
         let err = judge(&installed(), MOVED, "platform").expect_err("another user");
-        assert!(
-            err.why.contains("does not match exactly the requests of user system:serviceaccount:platform:flotilla"),
-            "{err}"
-        );
+        assert!(err.why.contains("are not those of rbac/ for user system:serviceaccount:platform:flotilla"), "{err}");
         // The user rewritten in all policies but one of the limits: still refused.
         let mut one_left = user_moved(installed());
         one_left.policies[4] = installed().policies[4].clone();
         let err = judge(&one_left, MOVED, "platform").expect_err("one policy not rewritten");
-        assert!(err.why.contains("flotilla-operator-namespaces does not match"), "{err}");
+        assert!(err.why.contains("ValidatingAdmissionPolicy flotilla-operator-namespaces are not"), "{err}");
         // The user rewritten everywhere, the bindings not (what a kustomize `namespace:` leaves).
         let err = judge(&user_moved(installed()), MOVED, "platform").expect_err("another Lease namespace");
         assert!(err.why.contains("flotilla-shard-fence-0 reads Lease flotilla-system/flotilla-shard-0"), "{err}");
@@ -325,7 +392,7 @@ mod tests {
                 p.namespace = Some("platform".into());
             }
         }
-        assert_eq!(judge(&moved, MOVED, "platform"), Ok(()));
+        assert_eq!(judge(&moved, MOVED, "platform"), Ok(vec![]));
     }
 
     #[test]
@@ -338,11 +405,18 @@ mod tests {
             expression: format!("request.userInfo.username == '{MOVED}'"),
         });
         let err = judge(&added, ME, "flotilla-system").expect_err("two conditions on the user");
-        assert!(err.why.contains("flotilla-operator-onboarding does not match exactly"), "{err}");
+        assert!(err.why.contains("ValidatingAdmissionPolicy flotilla-operator-onboarding are not"), "{err}");
         // A condition that only mentions the user (here, one that excludes it) is refused too.
         let mut negated = installed();
         conditions(&mut negated, 0)[0].expression = format!("request.userInfo.username != '{ME}'");
         assert!(judge(&negated, ME, "flotilla-system").is_err());
+        // However the added condition is spelled.
+        let mut spelled = installed();
+        conditions(&mut spelled, 5).push(k8s_openapi::api::admissionregistration::v1::MatchCondition {
+            name: "extra".into(),
+            expression: "false".into(),
+        });
+        assert!(judge(&spelled, ME, "flotilla-system").is_err());
     }
 
     #[test]
@@ -391,6 +465,32 @@ mod tests {
         // the unbound policy refuses every write there (fenced shut, not open).
         let mut more = installed();
         more.shard_bindings.push((32, None));
-        assert_eq!(judge(&more, ME, "flotilla-system"), Ok(()));
+        assert_eq!(judge(&more, ME, "flotilla-system"), Ok(vec![32]));
+        // An unbound binding that selects some other way than a NotIn of the bound shards:
+        // which shards it fences shut is not known, so a shard without a binding is refused.
+        let mut narrowed = more.clone();
+        if let Some(selector) = narrowed.bindings[0]
+            .1
+            .as_mut()
+            .and_then(|b| b.spec.match_resources.as_mut())
+            .and_then(|m| m.namespace_selector.as_mut())
+        {
+            selector.match_labels = Some([("team".to_string(), "a".to_string())].into());
+        }
+        let err = judge(&narrowed, ME, "flotilla-system").expect_err("unbound narrowed");
+        assert!(err.why.contains("shard 32 has no"), "{err}");
+        // A shard's binding that selects another shard's namespaces leaves its own unfenced.
+        let mut crossed = installed();
+        if let Some(labels) = crossed.shard_bindings[4]
+            .1
+            .as_mut()
+            .and_then(|b| b.spec.match_resources.as_mut())
+            .and_then(|m| m.namespace_selector.as_mut())
+            .and_then(|s| s.match_labels.as_mut())
+        {
+            labels.insert("flotilla.dev/shard".into(), "5".into());
+        }
+        let err = judge(&crossed, ME, "flotilla-system").expect_err("binding of shard 4 selects shard 5");
+        assert!(err.why.contains("flotilla-shard-fence-4 does not select exactly the namespaces of shard 4"), "{err}");
     }
 }

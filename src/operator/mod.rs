@@ -214,10 +214,20 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                     }
                 };
                 match verdict {
-                    Ok(fence_config::Verdict::Covers) => info!(
-                        replica = settings.replica_id,
-                        "the apiserver fences this replica's writes by its shard Leases"
-                    ),
+                    Ok(fence_config::Verdict::Covers { shut }) => {
+                        info!(
+                            replica = settings.replica_id,
+                            "the apiserver fences this replica's writes by its shard Leases"
+                        );
+                        if !shut.is_empty() {
+                            warn!(
+                                replica = settings.replica_id,
+                                ?shut,
+                                "these shards have no flotilla-shard-fence binding: the apiserver refuses every write there (make bindings for --shards {}: hack/shard-fence-bindings.sh)",
+                                settings.sharding.shards
+                            );
+                        }
+                    }
                     Ok(fence_config::Verdict::Unknown { why }) => tracing::warn!(
                         replica = settings.replica_id,
                         "could not check that the apiserver's admission policies cover this replica: {why}"
