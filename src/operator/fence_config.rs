@@ -110,20 +110,41 @@ fn conditions_of(conditions: &[MatchCondition]) -> Vec<(String, String)> {
     out
 }
 
-/// The match conditions rbac/ gives policy `name`, for `username` (`None`: not in rbac/).
-fn shipped_conditions(name: &str, username: &str) -> Option<Vec<(String, String)>> {
+/// The policies rbac/ ships (embedded at build time).
+fn shipped_policies() -> Vec<ValidatingAdmissionPolicy> {
     use serde::Deserialize;
     let files = [include_str!("../../rbac/shard-fence.yaml"), include_str!("../../rbac/admission.yaml")];
-    let policy = files
+    files
         .iter()
         .flat_map(|f| serde_yaml::Deserializer::from_str(f))
         .filter_map(|doc| ValidatingAdmissionPolicy::deserialize(doc).ok())
-        .find(|p| p.metadata.name.as_deref() == Some(name))?;
-    let mut conditions = policy.spec?.match_conditions.unwrap_or_default();
+        .collect()
+}
+
+/// The match conditions `shipped` gives policy `name`, for `username` (`None`: not shipped).
+fn shipped_conditions(
+    shipped: &[ValidatingAdmissionPolicy],
+    name: &str,
+    username: &str,
+) -> Option<Vec<(String, String)>> {
+    let policy = shipped.iter().find(|p| p.metadata.name.as_deref() == Some(name))?;
+    let mut conditions = policy.spec.as_ref()?.match_conditions.clone().unwrap_or_default();
     for c in &mut conditions {
         c.expression = c.expression.replace(&format!("'{SHIPPED_USER}'"), &format!("'{username}'"));
     }
     Some(conditions_of(&conditions))
+}
+
+/// Why `binding` does not enforce `policy`, if it does not: it binds another policy, or it
+/// does not Deny.
+fn not_enforcing(binding: &ValidatingAdmissionPolicyBinding, name: &str, policy: &str) -> Option<String> {
+    if binding.spec.policy_name != policy {
+        return Some(format!("ValidatingAdmissionPolicyBinding {name} does not bind {policy}"));
+    }
+    if !binding.spec.validation_actions.iter().any(|a| a == "Deny") {
+        return Some(format!("ValidatingAdmissionPolicyBinding {name} does not Deny"));
+    }
+    None
 }
 
 /// Whether `binding` selects exactly the namespaces labelled with shard `shard`.
@@ -153,6 +174,7 @@ fn only_namespaces(m: &k8s_openapi::api::admissionregistration::v1::MatchResourc
 /// every write of a replica there is refused.
 pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Result<Vec<u32>, Misconfigured> {
     let refuse = |why: String| Err(Misconfigured { why });
+    let shipped = shipped_policies();
     // Exactly the conditions shipped in rbac/, with this replica's user: a condition added
     // beside them (an overlay that added the new user's condition instead of replacing the
     // old one), however it is spelled, makes the policy match no request at all.
@@ -161,23 +183,19 @@ pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Re
             return refuse(format!("ValidatingAdmissionPolicy {name} is not installed"));
         };
         let found = conditions_of(policy.spec.as_ref().and_then(|s| s.match_conditions.as_deref()).unwrap_or_default());
-        if Some(found) != shipped_conditions(name, username) {
+        if Some(found) != shipped_conditions(&shipped, name, username) {
             return refuse(format!(
                 "the match conditions of ValidatingAdmissionPolicy {name} are not those of rbac/ for user {username}, this replica's"
             ));
         }
     }
-    let denies = |b: &ValidatingAdmissionPolicyBinding| b.spec.validation_actions.iter().any(|a| a == "Deny");
     let mut unbound = None;
     for (name, binding) in &installed.bindings {
         let Some(binding) = binding else {
             return refuse(format!("ValidatingAdmissionPolicyBinding {name} is not installed"));
         };
-        if binding.spec.policy_name != *name {
-            return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not bind {name}"));
-        }
-        if !denies(binding) {
-            return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not Deny"));
+        if let Some(why) = not_enforcing(binding, name, name) {
+            return refuse(why);
         }
         if *name == UNBOUND {
             unbound = Some(binding);
@@ -212,11 +230,10 @@ pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Re
                 "ValidatingAdmissionPolicyBinding {name} does not select exactly the namespaces of shard {shard} (flotilla.dev/shard: \"{shard}\")"
             ));
         }
-        let spec = &binding.spec;
-        if spec.policy_name != POLICY {
-            return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not bind {POLICY}"));
+        if let Some(why) = not_enforcing(binding, &name, POLICY) {
+            return refuse(why);
         }
-        let param = spec.param_ref.as_ref();
+        let param = binding.spec.param_ref.as_ref();
         let lease = format!("flotilla-shard-{shard}");
         let (param_ns, param_name) =
             (param.and_then(|p| p.namespace.as_deref()), param.and_then(|p| p.name.as_deref()));
@@ -227,9 +244,6 @@ pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Re
                 param_name.unwrap_or("(none)")
             ));
         }
-        if !denies(binding) {
-            return refuse(format!("ValidatingAdmissionPolicyBinding {name} does not Deny"));
-        }
     }
     Ok(shut)
 }
@@ -237,36 +251,36 @@ pub fn judge(installed: &Installed, username: &str, lease_namespace: &str) -> Re
 /// How long the replica waits at start to read the policies before it runs without knowing.
 const CHECK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Reads the policies and bindings, at most 16 requests at once.
-async fn read(client: &Client, shards: u32) -> Result<Installed, kube::Error> {
+/// Gets each of `keys` by its name, at most 16 requests at once (`None`: not found).
+async fn get_each<K, Key>(
+    api: &Api<K>,
+    keys: impl IntoIterator<Item = Key>,
+    name: impl Fn(&Key) -> String,
+) -> Result<Vec<(Key, Option<K>)>, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     use futures::{StreamExt, TryStreamExt};
+    futures::stream::iter(keys)
+        .map(|key| {
+            let name = name(&key);
+            async move { api.get_opt(&name).await.map(|found| (key, found)) }
+        })
+        .buffered(16)
+        .try_collect()
+        .await
+}
+
+/// Reads the policies, their bindings and the shards' bindings.
+async fn read(client: &Client, shards: u32) -> Result<Installed, kube::Error> {
     let policies_api: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     let bindings_api: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let policies = futures::stream::iter(POLICIES)
-        .map(|name| {
-            let api = policies_api.clone();
-            async move { api.get_opt(name).await.map(|p| (name, p)) }
-        })
-        .buffered(16)
-        .try_collect()
-        .await?;
-    let bindings = futures::stream::iter(POLICIES.into_iter().filter(|n| *n != POLICY))
-        .map(|name| {
-            let api = bindings_api.clone();
-            async move { api.get_opt(name).await.map(|b| (name, b)) }
-        })
-        .buffered(16)
-        .try_collect()
-        .await?;
-    let shard_bindings = futures::stream::iter(0..shards)
-        .map(|shard| {
-            let api = bindings_api.clone();
-            async move { api.get_opt(&binding_name(shard)).await.map(|b| (shard, b)) }
-        })
-        .buffered(16)
-        .try_collect()
-        .await?;
-    Ok(Installed { policies, bindings, shard_bindings })
+    let named = |n: &&'static str| n.to_string();
+    Ok(Installed {
+        policies: get_each(&policies_api, POLICIES, named).await?,
+        bindings: get_each(&bindings_api, POLICIES.into_iter().filter(|n| *n != POLICY), named).await?,
+        shard_bindings: get_each(&bindings_api, 0..shards, |s| binding_name(*s)).await?,
+    })
 }
 
 /// Reads what is installed and judges it. Policies that name another user or namespace are
