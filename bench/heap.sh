@@ -14,10 +14,8 @@ NAMESPACES=${1:-20}
 APPS=${2:-1000}
 CLUSTER=flotilla-bench-heap
 WORK=$(mktemp -d)
-export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
-per_ns=$(( (APPS + NAMESPACES - 1) / NAMESPACES ))
+. bench/one_replica.sh
 
-bash hack/prerequisites.sh
 if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null || ! command -v c++filt >/dev/null; then
   echo ">> installing heaptrack and binutils (apt-get)"
   apt-get install -y heaptrack binutils >/dev/null || {
@@ -25,13 +23,6 @@ if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null 
     exit 1
   }
 fi
-bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
-bash hack/cluster.sh up "$CLUSTER" --disable-qps-limits >/dev/null
-KUBECONFIG=$(bash hack/cluster.sh kubeconfig "$CLUSTER"); export KUBECONFIG
-if [ -z "${FLOTILLA_BENCH_BIN:-}" ]; then
-  cargo build --locked --release --bin flotilla 2>&1 | tail -1
-fi
-BIN=${FLOTILLA_BENCH_BIN:-$CARGO_TARGET_DIR/release/flotilla}
 PID=
 cleanup() {
   [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null || true
@@ -40,33 +31,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
-bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
-list=$(seq -f "heap-%04g" 0 $((NAMESPACES - 1)) | paste -sd, -)
-# A Tenant lists at most 100 namespaces: one Tenant per hundred.
-for t in $(seq 0 $(( (NAMESPACES - 1) / 100 ))); do
-  part=$(seq -f "heap-%04g" $((t * 100)) $(( t * 100 + 99 < NAMESPACES - 1 ? t * 100 + 99 : NAMESPACES - 1 )) | paste -sd, -)
-  printf 'apiVersion: flotilla.dev/v1beta1\nkind: Tenant\nmetadata: {name: heap-%d}\nspec: {namespaces: [%s]}\n' "$t" "$part"
-  echo ---
-done | kubectl apply -f - >/dev/null
+one_replica_cluster
+one_replica_tenants heap
 heaptrack -o "$WORK/heap" "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9670 --webhook-addr 127.0.0.1:0 \
   --replica-id heap-0 >"$WORK/replica.log" 2>&1 &
 PID=$!
-until curl -fs 127.0.0.1:9670/readyz >/dev/null 2>&1; do
-  kill -0 "$PID" 2>/dev/null || { echo "the replica exited; its log:" >&2; cat "$WORK/replica.log" >&2; exit 1; }
-  sleep 0.5
-done
-until [ "$(kubectl get tenants -o jsonpath='{.items[*].status.namespaces[*].state}' | tr ' ' '\n' | grep -c '^Onboarded$')" -ge "$NAMESPACES" ]; do sleep 1; done
+one_replica_wait_ready 9670
 echo ">> creating $APPS Apps in $NAMESPACES namespaces"
-n=0
-for ns in ${list//,/ }; do
-  for i in $(seq 0 $((per_ns - 1))); do
-    [ "$n" -ge "$APPS" ] && break
-    n=$((n + 1))
-    printf -- '---\napiVersion: flotilla.dev/v1beta1\nkind: App\nmetadata: {name: app-%d, namespace: %s}\nspec: {image: registry.example.com/bench/app, version: "1", replicas: 0}\n' "$i" "$ns"
-  done
-done >"$WORK/apps.yaml"
+one_replica_apps heap >"$WORK/apps.yaml"
 kubectl create -f "$WORK/apps.yaml" >/dev/null
-until [ "$(kubectl get apps -A -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')" -ge "$APPS" ]; do sleep 2; done
+one_replica_wait_healthy
 sleep 10
 rss=$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$(pgrep -P "$PID" -f "$BIN" || echo "$PID")/status" 2>/dev/null || echo "?")
 echo ">> every App Healthy; RSS of the replica under heaptrack: ${rss} MiB; stopping it"
