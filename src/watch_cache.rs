@@ -67,3 +67,138 @@ where
         .touched_objects();
     (reader, synced_rx, stream)
 }
+
+/// Whether the watch of a cache started on demand runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Demand {
+    /// Not known yet (a probe of what exists is under way): the cache cannot be trusted.
+    Unknown,
+    /// Not watched: nothing needs it, and nothing of its kind was there when the probe looked
+    /// (an empty cache is then the truth).
+    Idle,
+    /// Watched from now on (never stopped: the controller's life is the namespace's).
+    Started,
+}
+
+/// A cache whose watch starts only once something needs it: most namespaces have no App
+/// that autoscales or reads a ConfigMap, and every watch costs a connection's stream, its
+/// decode buffer (8 KiB inside kube) and a list at every start and failover.
+#[derive(Clone, Debug)]
+pub struct OnDemand {
+    demand: std::sync::Arc<watch::Sender<Demand>>,
+    synced: watch::Receiver<bool>,
+}
+
+impl OnDemand {
+    /// Starts the watch (if it was not running) and waits for the cache's first full list.
+    /// Without `need`, waits only until the cache can be trusted: idle, or started and synced.
+    pub async fn ready(&self, need: bool) {
+        if need {
+            self.start();
+        }
+        let mut demand = self.demand.subscribe();
+        let settled = match demand.wait_for(|d| *d != Demand::Unknown).await {
+            Ok(d) => *d,
+            Err(_) => return,
+        };
+        if settled == Demand::Started {
+            let _ = self.synced.clone().wait_for(|s| *s).await;
+        }
+    }
+
+    /// Starts the watch; a no-op when it runs.
+    pub fn start(&self) {
+        self.demand.send_if_modified(|d| {
+            let changed = *d != Demand::Started;
+            *d = Demand::Started;
+            changed
+        });
+    }
+
+    /// What a probe found: the watch starts if something exists (or the probe could not
+    /// tell), else it stays idle until needed. A start asked for meanwhile stands.
+    pub fn settle(&self, found: bool) {
+        self.demand.send_if_modified(|d| match *d {
+            Demand::Unknown => {
+                *d = if found { Demand::Started } else { Demand::Idle };
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// Whether the watch runs.
+    pub fn demand(&self) -> Demand {
+        *self.demand.borrow()
+    }
+}
+
+/// Makes a cache's watch stream wait until its `OnDemand` is started. Starts `Unknown`
+/// (call `settle` once a probe has looked) when `probed`, else `Idle`.
+pub fn on_demand<K>(
+    stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    synced: watch::Receiver<bool>,
+    probed: bool,
+) -> (OnDemand, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+where
+    K: Send + 'static,
+{
+    let (tx, mut rx) = watch::channel(if probed { Demand::Unknown } else { Demand::Idle });
+    let gate = futures::stream::once(async move {
+        let _ = rx.wait_for(|d| *d == Demand::Started).await;
+    })
+    .filter_map(|()| futures::future::ready(None));
+    (OnDemand { demand: std::sync::Arc::new(tx), synced }, gate.chain(stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn gated(probed: bool) -> (OnDemand, watch::Sender<bool>, impl Stream<Item = Result<u32, watcher::Error>>) {
+        let (synced_tx, synced_rx) = synced_flag();
+        let (lazy, stream) = on_demand(futures::stream::iter([Ok(7u32)]), synced_rx, probed);
+        (lazy, synced_tx, stream)
+    }
+
+    async fn yields(stream: &mut (impl Stream<Item = Result<u32, watcher::Error>> + Unpin)) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), stream.next()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn the_watch_waits_until_something_needs_it() {
+        let (lazy, synced, stream) = gated(false);
+        let mut stream = Box::pin(stream);
+        assert_eq!(lazy.demand(), Demand::Idle);
+        assert!(!yields(&mut stream).await, "an idle cache's watch must not run");
+        // Idle is trusted as it is: nothing to wait for.
+        tokio::time::timeout(Duration::from_millis(50), lazy.ready(false)).await.expect("idle is ready");
+        // Needed: started, and ready only once synced.
+        let waiting = tokio::time::timeout(Duration::from_millis(50), lazy.ready(true)).await;
+        assert!(waiting.is_err(), "a started cache is ready only once synced");
+        assert_eq!(lazy.demand(), Demand::Started);
+        assert!(yields(&mut stream).await, "a started watch runs");
+        synced.send_replace(true);
+        tokio::time::timeout(Duration::from_millis(50), lazy.ready(false)).await.expect("synced");
+    }
+
+    #[tokio::test]
+    async fn a_probe_decides_and_a_start_asked_for_meanwhile_stands() {
+        let (lazy, synced, _stream) = gated(true);
+        let unknown = tokio::time::timeout(Duration::from_millis(50), lazy.ready(false)).await;
+        assert!(unknown.is_err(), "a cache not yet probed cannot be trusted");
+        lazy.settle(false);
+        assert_eq!(lazy.demand(), Demand::Idle);
+
+        let (lazy, _synced2, _stream) = gated(true);
+        lazy.settle(true);
+        assert_eq!(lazy.demand(), Demand::Started, "something found: watched");
+
+        let (lazy, _synced3, _stream) = gated(true);
+        lazy.start();
+        lazy.settle(false);
+        assert_eq!(lazy.demand(), Demand::Started, "a probe never stops a started watch");
+        drop(synced);
+    }
+}

@@ -282,6 +282,46 @@ async fn autoscaling_hands_replicas_to_an_hpa_and_back() {
     .await;
 }
 
+/// HPAs are watched only in namespaces that need them (`watch_cache::OnDemand`). Autoscaling
+/// turned off while no replica ran leaves an HPA that no App asks for: the next replica must
+/// still find it and delete it, or it would go on scaling the Deployment against the App.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hpa_left_while_no_replica_ran_is_deleted() {
+    let (client, ns, mut op) = setup("e2e-hpa-left").await;
+    create_app(
+        &client,
+        &ns.name,
+        json!({"name": "batch", "image": "registry.example.com/batch", "version": "1.0.0",
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}),
+    )
+    .await;
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);
+    wait_for(SETTLE, "HPA batch", || async { hpas.get_opt("batch").await.ok().flatten() }).await;
+    wait_healthy(&apps, "batch", "1.0.0").await;
+
+    op.child.kill().await.expect("stopping the replica");
+    apps.patch("batch", &PatchParams::default(), &Patch::Merge(json!({"spec": {"autoscaling": null, "replicas": 2}})))
+        .await
+        .expect("turning autoscaling off");
+    let _op = Operator::start_with(
+        support::kubeconfig(),
+        &["--namespace", &ns.name, "--conversion-webhook=false"],
+        &format!("e2e-{}-again", ns.name),
+    )
+    .await;
+    wait_for(SETTLE, "the left HPA deleted", || async {
+        hpas.get_opt("batch").await.ok().flatten().is_none().then_some(())
+    })
+    .await;
+    wait_for(SETTLE, "replicas set to 2", || async {
+        let d = deployments.get("batch").await.ok()?;
+        (d.spec?.replicas == Some(2)).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     let (client, ns, _op) = setup("e2e-nowrite").await;

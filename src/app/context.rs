@@ -20,15 +20,27 @@ use crate::rollout::endpoints::Refusal;
 use crate::rollout::{Analyzer, Asker, Run};
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
+use crate::watch_cache::{Demand, OnDemand};
 
-/// The caches of managed objects, and one flag per cache that turns true once it holds
-/// its first full list.
+/// The caches of managed objects, and one flag per always-watched cache that turns true
+/// once it holds its first full list. HPAs and ConfigMaps are watched on demand.
 pub struct Caches {
     pub deployments: Store<Deployment>,
     pub hpas: Store<HorizontalPodAutoscaler>,
     pub services: Store<Service>,
     pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
     pub synced: Vec<watch::Receiver<bool>>,
+    pub hpa_watch: OnDemand,
+    pub config_map_watch: OnDemand,
+}
+
+/// Which of the caches watched on demand a reconcile reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Needs {
+    /// The App autoscales.
+    pub hpas: bool,
+    /// The App's template reads a ConfigMap.
+    pub config_maps: bool,
 }
 
 /// Handed to every reconcile: the client, the caches of managed objects, Events and metrics.
@@ -39,12 +51,16 @@ pub struct Context {
     pub app_resource: ApiResource,
     /// Deployments labelled as managed by Flotilla, in the namespaces this replica serves.
     pub deployments: Store<Deployment>,
-    /// HorizontalPodAutoscalers labelled as managed by Flotilla.
+    /// HorizontalPodAutoscalers labelled as managed by Flotilla (watched once an App of the
+    /// namespace autoscales, or one was there at start: see `hpa_watch`).
     pub hpas: Store<HorizontalPodAutoscaler>,
     /// Services labelled as managed by Flotilla.
     pub services: Store<Service>,
-    /// The metadata of every ConfigMap in the served namespaces (see `app::config`).
+    /// The metadata of every ConfigMap in the served namespaces (see `app::config`), watched
+    /// once an App of the namespace reads one.
     pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    hpa_watch: OnDemand,
+    config_map_watch: OnDemand,
     /// Takes the measurements that gate rollouts.
     pub analyzer: Analyzer,
     synced: Vec<watch::Receiver<bool>>,
@@ -90,7 +106,7 @@ impl Context {
         caches: Caches,
         analyzer: Analyzer,
     ) -> Self {
-        let Caches { deployments, hpas, services, config_maps, synced } = caches;
+        let Caches { deployments, hpas, services, config_maps, synced, hpa_watch, config_map_watch } = caches;
         Self {
             client,
             recorder,
@@ -100,6 +116,8 @@ impl Context {
             hpas,
             services,
             config_maps,
+            hpa_watch,
+            config_map_watch,
             analyzer,
             synced,
             fence: None,
@@ -114,17 +132,26 @@ impl Context {
         }
     }
 
-    /// Waits until both caches hold their initial lists, so that a missing object in the
-    /// cache really means missing.
-    pub async fn wait_for_caches(&self) {
+    /// Waits until the caches hold their initial lists, so that a missing object in the
+    /// cache really means missing. The caches watched on demand that `needs` names are
+    /// started; the others are waited for only if they run (one not running holds nothing,
+    /// rightly: see `OnDemand`).
+    pub async fn wait_for_caches(&self, needs: Needs) {
         for flag in &self.synced {
             let _ = flag.clone().wait_for(|synced| *synced).await;
         }
+        self.hpa_watch.ready(needs.hpas).await;
+        self.config_map_watch.ready(needs.config_maps).await;
     }
 
     /// Like `wait_for_caches`, but gives up after `limit`; false when the caches are not synced.
-    pub async fn caches_synced_within(&self, limit: std::time::Duration) -> bool {
-        tokio::time::timeout(limit, self.wait_for_caches()).await.is_ok()
+    pub async fn caches_synced_within(&self, limit: std::time::Duration, needs: Needs) -> bool {
+        tokio::time::timeout(limit, self.wait_for_caches(needs)).await.is_ok()
+    }
+
+    /// Whether the watches started on demand run: (HPAs, ConfigMaps).
+    pub fn on_demand(&self) -> (Demand, Demand) {
+        (self.hpa_watch.demand(), self.config_map_watch.demand())
     }
 
     fn key(obj: &DynamicObject) -> (String, String) {

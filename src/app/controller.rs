@@ -24,7 +24,7 @@ use crate::api::names;
 use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
-use crate::watch_cache::{cache, cache_with};
+use crate::watch_cache::{cache, cache_with, on_demand};
 
 /// Who serves a namespace, when sharded: the write fence of this replica's shards and the
 /// tenant the namespace belongs to.
@@ -95,11 +95,22 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let managed = || watcher::Config::default().labels(&names::managed_selector());
     let (deployments, deployments_synced, deployment_events) = cache::<Deployment>(scope.api(&client), managed(), ());
     let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
+    // HPAs are watched once an App of the namespace autoscales, or when one is there at start
+    // (an App whose autoscaling was turned off while no replica watched must still have its
+    // HPA deleted). Looking costs one list of at most one object's metadata.
+    let (hpa_watch, hpa_events) = on_demand(hpa_events, hpas_synced, true);
+    let probe = {
+        let api = scope.api::<HorizontalPodAutoscaler>(&client);
+        let hpa_watch = hpa_watch.clone();
+        async move { hpa_watch.settle(any_managed(&api).await) }
+    };
+    let hpa_events = futures::stream::once(probe).filter_map(|()| futures::future::ready(None)).chain(hpa_events);
     let (services, services_synced, service_events) = cache::<Service>(scope.api(&client), managed(), ());
     // Every ConfigMap of the namespace, metadata only (kube asks the apiserver for
     // PartialObjectMetadata; the data of those an App names is read on change, see
     // `Context::config_states`): which ones an App reads is in its template, and a label
-    // selector would make tenants label them for us.
+    // selector would make tenants label them for us. Watched once an App of the namespace
+    // reads one.
     // Only a name, a resourceVersion and the opt-out annotation are kept: a tenant's
     // ConfigMap may carry 256 KiB of annotations, and there may be thousands. Lists come
     // in pages of 100, so that one page of such metadata stays small too.
@@ -109,6 +120,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         (),
         crate::app::config::slim_config_map,
     );
+    let (config_map_watch, config_map_events) = on_demand(config_map_events, config_maps_synced, false);
     let recorder = Recorder::new(client.clone(), reporter);
     let app_resource = ApiResource::erase::<App>(&());
     let caches = Caches {
@@ -116,7 +128,9 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         hpas,
         services,
         config_maps,
-        synced: vec![deployments_synced, hpas_synced, services_synced, config_maps_synced],
+        synced: vec![deployments_synced, services_synced],
+        hpa_watch,
+        config_map_watch,
     };
     let mut ctx = Context::new(client, recorder, metrics, app_resource, caches, analyzer);
     ctx.slots = slots;
@@ -134,6 +148,22 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         config_maps: config_map_events.boxed(),
     };
     (ctx, streams)
+}
+
+/// Whether any object of `api`'s kind labelled as Flotilla's exists (true also when that
+/// cannot be told: watching is then the safe choice).
+async fn any_managed<K>(api: &Api<K>) -> bool
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + Debug,
+{
+    let params = kube::api::ListParams::default().labels(&names::managed_selector()).limit(1);
+    match api.list_metadata(&params).await {
+        Ok(list) => !list.items.is_empty(),
+        Err(e) => {
+            debug!(error = %e, "could not look for managed objects; watching them");
+            true
+        }
+    }
 }
 
 /// The Apps of a scope, read as dynamic objects so that one malformed App cannot break the
@@ -213,7 +243,7 @@ pub fn app_controller(
         tokio::spawn(async move {
             let mut apps_synced = apps_synced;
             let _ = apps_synced.wait_for(|s| *s).await;
-            readiness_ctx.wait_for_caches().await;
+            readiness_ctx.wait_for_caches(Default::default()).await;
             ready.store(true, Ordering::SeqCst);
             info!("App controller caches synced");
         });

@@ -123,7 +123,11 @@ async fn reconcile_app(
     }
     let id = AppIdentity::of(&app)
         .ok_or_else(|| ReconcileError::NotStored { namespace: namespace.clone(), name: name.clone() })?;
-    if !ctx.caches_synced_within(CACHE_SYNC_LIMIT).await {
+    let needs = super::context::Needs {
+        hpas: app.spec.autoscaling.is_some(),
+        config_maps: app.spec.template.as_ref().is_some_and(|t| !config::config_maps_of(t).is_empty()),
+    };
+    if !ctx.caches_synced_within(CACHE_SYNC_LIMIT, needs).await {
         return Err(ReconcileError::CachesNotSynced { namespace, after: CACHE_SYNC_LIMIT });
     }
     let fenced = || ReconcileError::Fenced { namespace: namespace.clone() };
