@@ -207,6 +207,44 @@ async fn a_bad_template_goes_through_the_canary_and_is_rolled_back_to_the_old_on
     .await;
 }
 
+/// Status lost while no replica ran, and a new template asked for: the running revision is
+/// recovered as the stable one, and with it the running pods' template, which a rollback
+/// brings back. The replica caches Deployments as projections (`app::projection`): the
+/// template must be read from the Deployment in full, never from the projection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stable_template_lost_from_status_is_read_back_from_the_running_deployment() {
+    let mut rig = Rig::start("ro-recover").await;
+    rig.traffic("web", "canary-pods", 0.5, 0.05);
+    let stable_revision = create_templated(&rig, template("live")).await;
+    rig.wait_for_data("web", "canary-pods").await;
+
+    rig.operator.child.kill().await.expect("stopping the replica");
+    let cleared = kube::api::Patch::Merge(json!({"status": null}));
+    rig.apps.patch_status("web", &kube::api::PatchParams::default(), &cleared).await.expect("clearing status");
+    rig.patch_spec("web", json!({"template": template("broken")})).await;
+    rig.operator = support::Operator::start_with(
+        kubeconfig(),
+        &["--namespace", &rig.ns.name, "--prometheus-url", &rig.prometheus.url()],
+        &format!("e2e-{}-again", rig.ns.name),
+    )
+    .await;
+
+    let recovered = rig
+        .wait_until("web", "the running revision recovered as stable", |a| {
+            (a.status.as_ref()?.current_version.as_deref() == Some(stable_revision.as_str())).then_some(())
+        })
+        .await;
+    let kept = serde_json::to_string(&recovered.status.and_then(|s| s.stable_template)).unwrap_or_default();
+    assert!(kept.contains("\"live\""), "status keeps the running pods' template: {kept}");
+    assert!(!kept.contains("projected"), "status keeps the template in full, not the cache's projection: {kept}");
+    let (s, _) = until_rolled_back(&rig, &stable_revision, "template", |stable| {
+        assert_eq!(mode_of(stable).as_deref(), Some("live"), "the stable pods were given the new template");
+    })
+    .await;
+    let kept = serde_json::to_string(&s.stable_template).unwrap_or_default();
+    assert!(kept.contains("\"live\"") && !kept.contains("projected"), "after the rollback: {kept}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_data_pauses_the_rollout_until_prometheus_is_back() {
     let mut rig = Rig::start("ro-nodata").await;

@@ -93,7 +93,9 @@ pub type Streams = ManagedStreams<
 pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
     let Shared { reporter, metrics, analyzer, slots, pod_policy } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector());
-    let (deployments, deployments_synced, deployment_events) = cache::<Deployment>(scope.api(&client), managed(), ());
+    // Deployments as projections: what the planner and the drift check read (`projection`).
+    let (deployments, deployments_synced, deployment_events) =
+        cache_with::<Deployment>(scope.api(&client), managed(), (), crate::app::projection::project_deployment);
     let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
     // HPAs are watched once an App of the namespace autoscales, or when one is there at start
     // (an App whose autoscaling was turned off while no replica watched must still have its

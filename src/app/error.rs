@@ -61,6 +61,10 @@ pub enum ReconcileError {
         "{kind} {namespace}/{name} exists and is not controlled by this App: Flotilla leaves it as it is. Delete or rename it, or give the App another name"
     )]
     NameConflict { kind: &'static str, namespace: String, name: String },
+    #[error(
+        "not writing the {what} of App {namespace}/{name}: it was made from the Deployment cache's projection, not the Deployment in full (a fault in Flotilla; nothing was written)"
+    )]
+    Projected { what: &'static str, namespace: String, name: String },
     #[error("writing status of App {namespace}/{name}: {}", brief(.source))]
     Status {
         namespace: String,

@@ -24,6 +24,7 @@ use super::desired::{
 };
 use super::error::{ReconcileError, retry_delay};
 use super::first_deployment::{is_first_deployment, status_deferral};
+use super::projection;
 use super::status::{Blocker, degraded};
 use super::{quota, route};
 use crate::api::conditions::READY;
@@ -31,6 +32,7 @@ use crate::api::names::{self, FIELD_MANAGER};
 use crate::api::template::MAX_TEMPLATE_BYTES;
 use crate::api::{App, AppPhase, RolloutResult};
 use crate::rollout::planner::{self, DRAIN, Input, Observed};
+use crate::rollout::workload::Workload;
 
 /// How often an App that is still converging is looked at even without a watch event.
 const PROGRESS_RECHECK: Duration = Duration::from_secs(30);
@@ -211,6 +213,8 @@ async fn reconcile_app(
         Some(t) => Some(route::observe(&ctx.client, &namespace, &name, &t.http_route).await?),
         None => None,
     };
+    // The stable Deployment in full, when the plan must read its pod template (see below).
+    let full_stable: Option<Deployment>;
     let observed = Observed {
         stable: stable.as_deref(),
         canary: canary.as_deref(),
@@ -224,6 +228,13 @@ async fn reconcile_app(
     // Decide: the planner, and once more with measurements when it asks for them.
     let mut input = Input { app: &app, observed, measurements: None, now };
     let mut plan = planner::plan(&input).map_err(invalid)?;
+    // A stable template recovered from the running Deployment (status lost it) is read from the
+    // Deployment in full: the cache holds projections (`projection`).
+    if plan.status.stable_template.as_ref().is_some_and(projection::template_is_projected) {
+        full_stable = read_in_full(ctx, &names::stable_deployment_name(&name), &id).await?;
+        input.observed.stable = full_stable.as_ref();
+        plan = planner::plan(&input).map_err(invalid)?;
+    }
     // A blue-green preview about to be created: its pods must fit in the namespace's quota
     // beside the running version's, or none is created (`quota`).
     let preview_unstarted = app.status.as_ref().is_some_and(|s| {
@@ -312,16 +323,22 @@ async fn reconcile_app(
     // The plan's Deployments, rendered from the spec beside the observed ones.
     let stable_wanted = render(&app, &id, &plan.stable, stable.as_deref());
     let canary_wanted = plan.canary.as_ref().and_then(|w| render(&app, &id, w, canary.as_deref()));
-    let wanted =
-        [(stable_wanted.as_ref(), stable.as_deref(), stable_cached.is_some(), names::stable_deployment_name(&name))]
-            .into_iter()
-            .chain([(
-                canary_wanted.as_ref(),
-                canary.as_deref(),
-                canary_cached.is_some(),
-                names::canary_deployment_name(&name),
-            )]);
-    for (want, have, cached, object_name) in wanted {
+    let wanted = [(
+        stable_wanted.as_ref(),
+        Some(&plan.stable),
+        stable.as_deref(),
+        stable_cached.is_some(),
+        names::stable_deployment_name(&name),
+    )]
+    .into_iter()
+    .chain([(
+        canary_wanted.as_ref(),
+        plan.canary.as_ref(),
+        canary.as_deref(),
+        canary_cached.is_some(),
+        names::canary_deployment_name(&name),
+    )]);
+    for (want, workload, have, cached, object_name) in wanted {
         if failure.is_some() {
             break;
         }
@@ -334,16 +351,23 @@ async fn reconcile_app(
                 if !ctx.may_write(&namespace) {
                     return Err(fenced());
                 }
-                match claim(&deployments, have, cached, &id, "Deployment", &object_name).await {
-                    Ok(have) => {
-                        let diffs = deployment_differences(want, have.as_ref());
+                let claimed = claim(&deployments, have, cached, &id, "Deployment", &object_name).await;
+                let ready = match (claimed, workload) {
+                    (Ok(have), Some(workload)) => in_full(ctx, &app, &id, workload, want, have, &object_name).await,
+                    (Ok(_), None) => Ok(None),
+                    (Err(e), _) => Err(e),
+                };
+                match ready {
+                    Ok(Some((want, have))) => {
+                        let diffs = deployment_differences(&want, have.as_ref());
                         if diffs.is_empty() {
                             continue;
                         }
-                        apply(&deployments, &object_name, want, have.as_ref(), "Deployment")
+                        apply(&deployments, &object_name, &want, have.as_ref(), "Deployment")
                             .await
                             .map(|_| Some((diffs, have.is_some())))
                     }
+                    Ok(None) => continue,
                     Err(e) => Err(e),
                 }
             }
@@ -654,6 +678,48 @@ fn controlled_by_app<K: Resource>(object: &K, id: &AppIdentity) -> bool {
 /// up by name first: a hand-made Service `db` must never be taken over by an App `db`. A
 /// second's race (the object created between this look and the apply) can only be won by
 /// someone who could write that object anyway.
+/// The Deployment `name` read from the apiserver in full, if this App controls it.
+async fn read_in_full(ctx: &Context, name: &str, id: &AppIdentity) -> Result<Option<Deployment>, ReconcileError> {
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &id.namespace);
+    let found = api.get_opt(name).await.map_err(|source| ReconcileError::Read {
+        kind: "Deployment",
+        namespace: id.namespace.clone(),
+        name: name.to_string(),
+        source,
+    })?;
+    Ok(found.filter(|d| controlled_by_app(d, id)))
+}
+
+/// The Deployment to write and the one it replaces. When `want` copied the pod template of the
+/// cache's projection (running pods kept during a rollout, a Deployment kept as observed), both
+/// are made again from the Deployment read in full; `None` when there is then nothing to write.
+/// A projection is never written.
+async fn in_full(
+    ctx: &Context,
+    app: &App,
+    id: &AppIdentity,
+    workload: &Workload,
+    want: &Deployment,
+    have: Option<Deployment>,
+    name: &str,
+) -> Result<Option<(Deployment, Option<Deployment>)>, ReconcileError> {
+    if !projection::is_projected(want) {
+        return Ok(Some((want.clone(), have)));
+    }
+    let full = read_in_full(ctx, name, id).await?;
+    let Some(want) = render(app, id, workload, full.as_ref()) else {
+        return Ok(None);
+    };
+    if projection::is_projected(&want) {
+        return Err(ReconcileError::Projected {
+            what: "Deployment",
+            namespace: id.namespace.clone(),
+            name: id.name.clone(),
+        });
+    }
+    Ok(Some((want, full)))
+}
+
 async fn claim<K>(
     api: &Api<K>,
     controlled: Option<&K>,
@@ -869,6 +935,10 @@ pub(crate) async fn write_status(
     status: &crate::api::AppStatus,
     resource_version: Option<&str>,
 ) -> Result<Option<String>, ReconcileError> {
+    // A stable template kept in status is what a rollback brings back: never a projection.
+    if status.stable_template.as_ref().is_some_and(projection::template_is_projected) {
+        return Err(ReconcileError::Projected { what: "status", namespace: namespace.into(), name: name.into() });
+    }
     let api: Api<App> = Api::namespaced(client.clone(), namespace);
     let mut patch = serde_json::json!({"apiVersion": App::api_version(&()), "kind": "App", "status": status});
     if let Some(version) = resource_version {

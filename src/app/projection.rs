@@ -1,0 +1,258 @@
+//! What the Deployment cache keeps of each Deployment: what the planner and the drift check
+//! read, not the whole object. Pure: no I/O.
+//!
+//! A Deployment in full held about 6.5 KB in the cache (its maps of labels and annotations,
+//! its selector, the pod template with every defaulted field), a third of a replica's memory
+//! per App (`bench/heap.sh`). The planner reads the revision, the replica counts and the
+//! status; the drift check reads the main container's image and port, the pod-security
+//! settings and the template's fingerprint. The rest is dropped as the watch delivers it.
+//!
+//! A projected template is never a record of the pods: its pod template carries
+//! `ANNOTATION_PROJECTED`. Whatever would copy it (a stable Deployment whose running pods are
+//! kept during a rollout, a stable template recovered from the running Deployment) reads the
+//! Deployment in full first (`reconcile`), and a Deployment or status that still carries the
+//! marker is never written (`carries_projection`).
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use std::collections::BTreeMap;
+
+use crate::api::template::{PodTemplate, main_container};
+
+/// Marks the pod template of a projected Deployment. Not under `flotilla.dev/`, so that a
+/// template recovered from it (`template_from_running`, which drops Flotilla's own keys)
+/// still carries it.
+pub const ANNOTATION_PROJECTED: &str = "cache.flotilla.dev/projected";
+
+/// Keeps of `d` only what the planner and the drift check read (see the module's text).
+pub fn project_deployment(d: &mut Deployment) {
+    crate::watch_cache::slim(d);
+    let meta = std::mem::take(&mut d.metadata);
+    let annotations: BTreeMap<String, String> =
+        meta.annotations.into_iter().flatten().filter(|(k, _)| k.starts_with("flotilla.dev/")).collect();
+    d.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        generation: meta.generation,
+        creation_timestamp: meta.creation_timestamp,
+        owner_references: meta.owner_references,
+        deletion_timestamp: meta.deletion_timestamp,
+        annotations: (!annotations.is_empty()).then_some(annotations),
+        // The drift check puts back the labels Flotilla sets; `revision_of` may read one.
+        labels: meta.labels,
+        ..ObjectMeta::default()
+    };
+    if let Some(spec) = d.spec.as_mut() {
+        // Immutable, and never compared.
+        spec.selector = LabelSelector::default();
+        spec.template = project_template(std::mem::take(&mut spec.template));
+    }
+}
+
+/// The fields of a pod template that `desired::deployment_differences` compares, and the marker.
+fn project_template(template: PodTemplateSpec) -> PodTemplateSpec {
+    let spec = template.spec.map(|pod| {
+        let containers = main_container(&pod.containers)
+            .and_then(|i| pod.containers.into_iter().nth(i))
+            .map(|c| {
+                let sc = c.security_context.map(|sc| SecurityContext {
+                    allow_privilege_escalation: sc.allow_privilege_escalation,
+                    capabilities: sc.capabilities.map(|cap| Capabilities { drop: cap.drop, add: None }),
+                    ..SecurityContext::default()
+                });
+                let port = c.ports.into_iter().flatten().next();
+                Container {
+                    name: c.name,
+                    image: c.image,
+                    ports: port
+                        .map(|p| vec![ContainerPort { container_port: p.container_port, ..ContainerPort::default() }]),
+                    security_context: sc,
+                    ..Container::default()
+                }
+            })
+            .into_iter()
+            .collect();
+        PodSpec {
+            containers,
+            automount_service_account_token: pod.automount_service_account_token,
+            security_context: pod.security_context.map(|s| PodSecurityContext {
+                run_as_non_root: s.run_as_non_root,
+                seccomp_profile: s.seccomp_profile.map(|p| SeccompProfile { type_: p.type_, localhost_profile: None }),
+                ..PodSecurityContext::default()
+            }),
+            ..PodSpec::default()
+        }
+    });
+    // The template's labels and annotations are compared (those Flotilla sets must be there).
+    let meta = template.metadata.unwrap_or_default();
+    let mut annotations = meta.annotations.unwrap_or_default();
+    annotations.insert(ANNOTATION_PROJECTED.to_string(), "true".to_string());
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta { labels: meta.labels, annotations: Some(annotations), ..ObjectMeta::default() }),
+        spec,
+    }
+}
+
+/// Whether `d` (read from the cache, or rendered from one read there) is a projection.
+pub fn is_projected(d: &Deployment) -> bool {
+    d.spec.as_ref().is_some_and(|s| annotated(s.template.metadata.as_ref().and_then(|m| m.annotations.as_ref())))
+}
+
+/// Whether a template recovered from a Deployment came from a projection.
+pub fn template_is_projected(t: &PodTemplate) -> bool {
+    annotated(t.metadata.as_ref().and_then(|m| m.annotations.as_ref()))
+}
+
+fn annotated(annotations: Option<&BTreeMap<String, String>>) -> bool {
+    annotations.is_some_and(|a| a.contains_key(ANNOTATION_PROJECTED))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::names;
+    use crate::api::template::template_from_running;
+    use crate::app::desired::deployment_differences;
+    use crate::rollout::replicas::{readiness, revision_of};
+
+    /// A Deployment as the apiserver returns one of Flotilla's: defaults filled in, a sidecar,
+    /// env, volumes, probes, labels and annotations of others.
+    fn full() -> Deployment {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {
+                "name": "web", "namespace": "shop", "uid": "u-1", "resourceVersion": "42", "generation": 3,
+                "creationTimestamp": "2026-12-01T10:00:00Z",
+                "labels": {"app.kubernetes.io/name": "web", "app.kubernetes.io/version": "1.2.0", "team": "a"},
+                "annotations": {"flotilla.dev/revision": "1.2.0+abc", "flotilla.dev/template-hash": "abc",
+                    "deployment.kubernetes.io/revision": "7", "note": "x".repeat(4096)},
+                "ownerReferences": [{"apiVersion": "flotilla.dev/v1beta1", "kind": "App", "name": "web",
+                    "uid": "app-uid", "controller": true}],
+                "managedFields": [{"manager": "flotilla", "operation": "Apply"}]
+            },
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "web", "flotilla.dev/track": "stable"}},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                "template": {
+                    "metadata": {"labels": {"app.kubernetes.io/name": "web"}, "annotations": {"a": "b"}},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}, "fsGroup": 2000},
+                        "containers": [
+                            {"name": "sidecar", "image": "proxy:1"},
+                            {"name": "app", "image": "registry.example.com/web:1.2.0",
+                             "ports": [{"containerPort": 8080, "protocol": "TCP"}, {"containerPort": 9090}],
+                             "env": [{"name": "K", "value": "V"}],
+                             "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "runAsUser": 1000},
+                             "terminationMessagePath": "/dev/termination-log", "imagePullPolicy": "IfNotPresent"}
+                        ],
+                        "volumes": [{"name": "v", "emptyDir": {}}],
+                        "dnsPolicy": "ClusterFirst", "restartPolicy": "Always", "schedulerName": "default-scheduler"
+                    }
+                }
+            },
+            "status": {"observedGeneration": 3, "replicas": 3, "readyReplicas": 3, "availableReplicas": 3,
+                "updatedReplicas": 3,
+                "conditions": [{"type": "Available", "status": "True"}]}
+        }))
+        .expect("a Deployment")
+    }
+
+    fn projected() -> Deployment {
+        let mut d = full();
+        project_deployment(&mut d);
+        d
+    }
+
+    #[test]
+    fn the_planner_reads_the_same_of_a_projection() {
+        let (f, p) = (full(), projected());
+        assert_eq!(revision_of(&p), revision_of(&f));
+        assert_eq!(readiness(Some(&p), "1.2.0+abc", 3), readiness(Some(&f), "1.2.0+abc", 3));
+        assert_eq!(p.status, f.status);
+        assert_eq!(p.spec.as_ref().and_then(|s| s.replicas), Some(3));
+        assert_eq!(p.metadata.owner_references, f.metadata.owner_references);
+        assert_eq!(p.metadata.creation_timestamp, f.metadata.creation_timestamp, "the stable Deployment's age");
+        assert_eq!((p.metadata.generation, p.metadata.resource_version.as_deref()), (Some(3), Some("42")));
+    }
+
+    #[test]
+    fn the_drift_check_finds_no_difference_between_a_deployment_and_its_projection() {
+        let (f, p) = (full(), projected());
+        assert_eq!(deployment_differences(&f, Some(&p)), vec![]);
+        // And a drift of each compared field still shows through the projection.
+        let drifted = |edit: &dyn Fn(&mut Deployment)| {
+            let mut d = full();
+            edit(&mut d);
+            project_deployment(&mut d);
+            deployment_differences(&f, Some(&d))
+        };
+        fn template(d: &mut Deployment) -> &mut PodSpec {
+            d.spec.as_mut().and_then(|s| s.template.spec.as_mut()).expect("pod spec")
+        }
+        assert!(!drifted(&|d: &mut Deployment| template(d).containers[1].image = Some("evil:1".into())).is_empty());
+        assert!(!drifted(&|d: &mut Deployment| template(d).containers[1].ports = None).is_empty());
+        assert!(!drifted(&|d: &mut Deployment| template(d).automount_service_account_token = Some(true)).is_empty());
+        assert!(!drifted(&|d: &mut Deployment| template(d).security_context = None).is_empty());
+        assert!(!drifted(&|d: &mut Deployment| template(d).containers[1].security_context = None).is_empty());
+        assert!(!drifted(&|d: &mut Deployment| d.spec.as_mut().expect("spec").replicas = Some(1)).is_empty());
+        assert!(!drifted(&|d: &mut Deployment| d.spec.as_mut().expect("spec").paused = Some(true)).is_empty());
+        assert!(!drifted(&|d: &mut Deployment| d.spec.as_mut().expect("spec").strategy = None).is_empty());
+        assert!(!drifted(&|d: &mut Deployment| d.metadata.labels = None).is_empty());
+        assert!(
+            !drifted(&|d: &mut Deployment| d
+                .spec
+                .as_mut()
+                .expect("spec")
+                .template
+                .metadata
+                .as_mut()
+                .expect("meta")
+                .labels = None)
+            .is_empty()
+        );
+        assert!(
+            !drifted(&|d: &mut Deployment| d
+                .spec
+                .as_mut()
+                .expect("spec")
+                .template
+                .metadata
+                .as_mut()
+                .expect("meta")
+                .annotations = None)
+            .is_empty()
+        );
+        assert!(
+            !drifted(&|d: &mut Deployment| {
+                d.metadata.annotations.as_mut().expect("annotations").remove(names::ANNOTATION_TEMPLATE_HASH);
+            })
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_projection_is_small_and_marked() {
+        let (f, p) = (full(), projected());
+        let size = |d: &Deployment| serde_json::to_string(d).map(|s| s.len()).unwrap_or(0);
+        assert!(size(&p) * 4 < size(&f), "projection {} bytes of {}", size(&p), size(&f));
+        assert!(is_projected(&p) && !is_projected(&f));
+        let pod = p.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("pod spec");
+        assert_eq!(pod.containers.len(), 1, "only the main container");
+        assert!(pod.volumes.is_none() && pod.containers[0].env.is_none());
+    }
+
+    #[test]
+    fn a_template_recovered_from_a_projection_says_so() {
+        let recovered = template_from_running(&projected()).expect("template");
+        assert!(template_is_projected(&recovered));
+        assert!(!template_from_running(&full()).is_some_and(|t| template_is_projected(&t)));
+    }
+}
