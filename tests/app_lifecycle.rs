@@ -322,6 +322,47 @@ async fn an_hpa_left_while_no_replica_ran_is_deleted() {
     .await;
 }
 
+/// In a namespace where no App autoscales, HPAs are not watched. One of Flotilla's HPAs made
+/// there by another writer (an earlier owner's late create) is still found at the App's next
+/// spec change, and deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hpa_made_while_hpas_are_not_watched_is_deleted_at_the_next_change() {
+    let (client, ns, _op) = setup("e2e-hpa-late").await;
+    let app = create_app(
+        &client,
+        &ns.name,
+        json!({"name": "batch", "image": "registry.example.com/batch", "version": "1.0.0", "replicas": 1}),
+    )
+    .await;
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);
+    wait_healthy(&apps, "batch", "1.0.0").await;
+
+    let late: HorizontalPodAutoscaler = serde_json::from_value(json!({
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "batch", "labels": {"app.kubernetes.io/managed-by": "flotilla"},
+            "ownerReferences": [{"apiVersion": "flotilla.dev/v1beta1", "kind": "App", "name": "batch",
+                "uid": app.uid().expect("uid"), "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "batch"},
+            "minReplicas": 1, "maxReplicas": 3}
+    }))
+    .expect("HPA");
+    hpas.create(&PostParams::default(), &late).await.expect("creating the late HPA");
+    apps.patch("batch", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 2}})))
+        .await
+        .expect("changing the App");
+    wait_for(SETTLE, "the late HPA deleted", || async {
+        hpas.get_opt("batch").await.ok().flatten().is_none().then_some(())
+    })
+    .await;
+    wait_for(SETTLE, "replicas set to 2", || async {
+        let d = deployments.get("batch").await.ok()?;
+        (d.spec?.replicas == Some(2)).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     let (client, ns, _op) = setup("e2e-nowrite").await;

@@ -149,9 +149,9 @@ impl Context {
         tokio::time::timeout(limit, self.wait_for_caches(needs)).await.is_ok()
     }
 
-    /// Whether the watches started on demand run: (HPAs, ConfigMaps).
-    pub fn on_demand(&self) -> (Demand, Demand) {
-        (self.hpa_watch.demand(), self.config_map_watch.demand())
+    /// Whether HPAs are watched (not idle, not being probed).
+    pub fn hpas_watched(&self) -> bool {
+        self.hpa_watch.demand() == Demand::Started
     }
 
     fn key(obj: &DynamicObject) -> (String, String) {

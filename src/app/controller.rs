@@ -15,7 +15,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::context::{Caches, Context};
 use super::reconcile::{error_policy, reconcile};
@@ -160,9 +160,10 @@ where
 {
     let params = kube::api::ListParams::default().labels(&names::managed_selector()).limit(1);
     match api.list_metadata(&params).await {
-        Ok(list) => !list.items.is_empty(),
+        // A page may come back empty with more to read: that is not "none".
+        Ok(list) => !list.items.is_empty() || list.metadata.continue_.as_deref().is_some_and(|c| !c.is_empty()),
         Err(e) => {
-            debug!(error = %e, "could not look for managed objects; watching them");
+            warn!(error = %e, "could not look for managed objects; watching them");
             true
         }
     }

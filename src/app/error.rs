@@ -62,9 +62,11 @@ pub enum ReconcileError {
     )]
     NameConflict { kind: &'static str, namespace: String, name: String },
     #[error(
-        "not writing the {what} of App {namespace}/{name}: it was made from the Deployment cache's projection, not the Deployment in full (a fault in Flotilla; nothing was written)"
+        "not writing {what} {namespace}/{name}: it was made from the Deployment cache's projection, not the Deployment in full (a fault in Flotilla; this write was not sent)"
     )]
     Projected { what: &'static str, namespace: String, name: String },
+    #[error("{kind} {namespace}/{name} changed since the cache showed it: planning again from the new one")]
+    CacheBehind { kind: &'static str, namespace: String, name: String },
     #[error("writing status of App {namespace}/{name}: {}", brief(.source))]
     Status {
         namespace: String,
@@ -151,6 +153,7 @@ impl ReconcileError {
         match (self, self.api_code()) {
             (Self::Fenced { .. }, _) => ErrorClass::Fenced,
             (Self::NameConflict { .. }, _) => ErrorClass::NameConflict,
+            (Self::CacheBehind { .. }, _) => ErrorClass::Conflict,
             (
                 Self::InvalidApp { .. }
                 | Self::InvalidSettings { .. }

@@ -39,6 +39,11 @@ pub const DEFAULT_DENIED_PREFIXES: &[&str] = &[
     "flotilla.dev/",
 ];
 
+/// Refused whatever the operator is given: the marker of the Deployment cache's projections
+/// (`app::projection`). A template that carried it would read as a projection, and every
+/// write of the App would be refused.
+pub const ALWAYS_DENIED_PREFIXES: &[&str] = &["cache.flotilla.dev/"];
+
 /// The operator's rule for pod annotations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodPolicy {
@@ -73,6 +78,7 @@ impl PodPolicy {
             .filter(|k| {
                 let k = k.to_ascii_lowercase();
                 self.denied_prefixes.iter().any(|p| k.starts_with(p.as_str()))
+                    || ALWAYS_DENIED_PREFIXES.iter().any(|p| k.starts_with(p))
             })
             .cloned()
             .collect();
@@ -153,6 +159,13 @@ mod tests {
         let p = PodPolicy::new(["", "  "]);
         assert!(p.denied_prefixes().is_empty());
         assert!(p.denied(&keys(&["sidecar.istio.io/inject"])).is_empty());
+    }
+
+    #[test]
+    fn the_cache_marker_is_refused_whatever_the_list() {
+        let marker = keys(&[crate::app::projection::ANNOTATION_PROJECTED]);
+        assert_eq!(PodPolicy::new([""]).denied(&marker), marker);
+        assert_eq!(PodPolicy::default().denied(&keys(&["Cache.Flotilla.dev/Projected"])).len(), 1);
     }
 
     #[test]

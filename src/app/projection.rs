@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::{
     SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use crate::api::template::{PodTemplate, main_container};
@@ -55,31 +56,37 @@ pub fn project_deployment(d: &mut Deployment) {
     }
 }
 
-/// The fields of a pod template that `desired::deployment_differences` compares, and the marker.
+/// What the drift check reads of the main container. A `Container` is about 1.5 KB before
+/// any of its data, so a projection keeps these few fields, as the marker's value, instead.
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+struct MainContainer {
+    name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    port: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    allow_privilege_escalation: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    drop: Option<Vec<String>>,
+}
+
+/// The fields of a pod template that `desired::deployment_differences` compares, and the marker
+/// (whose value holds the main container's, see `expanded`).
 fn project_template(template: PodTemplateSpec) -> PodTemplateSpec {
+    let mut main = None;
     let spec = template.spec.map(|pod| {
-        let containers = main_container(&pod.containers)
-            .and_then(|i| pod.containers.into_iter().nth(i))
-            .map(|c| {
-                let sc = c.security_context.map(|sc| SecurityContext {
-                    allow_privilege_escalation: sc.allow_privilege_escalation,
-                    capabilities: sc.capabilities.map(|cap| Capabilities { drop: cap.drop, add: None }),
-                    ..SecurityContext::default()
-                });
-                let port = c.ports.into_iter().flatten().next();
-                Container {
-                    name: c.name,
-                    image: c.image,
-                    ports: port
-                        .map(|p| vec![ContainerPort { container_port: p.container_port, ..ContainerPort::default() }]),
-                    security_context: sc,
-                    ..Container::default()
-                }
-            })
-            .into_iter()
-            .collect();
+        main = main_container(&pod.containers).and_then(|i| pod.containers.into_iter().nth(i)).map(|c| {
+            let sc = c.security_context;
+            MainContainer {
+                name: c.name,
+                image: c.image,
+                port: c.ports.into_iter().flatten().next().map(|p| p.container_port),
+                allow_privilege_escalation: sc.as_ref().and_then(|s| s.allow_privilege_escalation),
+                drop: sc.and_then(|s| s.capabilities).and_then(|c| c.drop),
+            }
+        });
         PodSpec {
-            containers,
             automount_service_account_token: pod.automount_service_account_token,
             security_context: pod.security_context.map(|s| PodSecurityContext {
                 run_as_non_root: s.run_as_non_root,
@@ -90,13 +97,48 @@ fn project_template(template: PodTemplateSpec) -> PodTemplateSpec {
         }
     });
     // The template's labels and annotations are compared (those Flotilla sets must be there).
+    // The marker's value replaces any a writer of the Deployment put there.
     let meta = template.metadata.unwrap_or_default();
     let mut annotations = meta.annotations.unwrap_or_default();
-    annotations.insert(ANNOTATION_PROJECTED.to_string(), "true".to_string());
+    let value = main.and_then(|m| serde_json::to_string(&m).ok()).unwrap_or_default();
+    annotations.insert(ANNOTATION_PROJECTED.to_string(), value);
     PodTemplateSpec {
         metadata: Some(ObjectMeta { labels: meta.labels, annotations: Some(annotations), ..ObjectMeta::default() }),
         spec,
     }
+}
+
+/// A projection with its main container put back from the marker, for the drift check to
+/// compare; `None` when `d` is not a projection. Never written (it keeps the marker).
+pub fn expanded(d: &Deployment) -> Option<Deployment> {
+    let spec = d.spec.as_ref()?;
+    let value = spec.template.metadata.as_ref()?.annotations.as_ref()?.get(ANNOTATION_PROJECTED)?;
+    let mut out = d.clone();
+    let main: Option<MainContainer> = serde_json::from_str(value).ok();
+    if let (Some(m), Some(pod)) = (main, out.spec.as_mut().and_then(|s| s.template.spec.as_mut())) {
+        let security_context = (m.allow_privilege_escalation.is_some() || m.drop.is_some()).then(|| SecurityContext {
+            allow_privilege_escalation: m.allow_privilege_escalation,
+            capabilities: m.drop.map(|drop| Capabilities { drop: Some(drop), add: None }),
+            ..SecurityContext::default()
+        });
+        pod.containers = vec![Container {
+            name: m.name,
+            image: m.image,
+            ports: m.port.map(|p| vec![ContainerPort { container_port: p, ..ContainerPort::default() }]),
+            security_context,
+            ..Container::default()
+        }];
+    }
+    Some(out)
+}
+
+/// `d` (read from the apiserver) without a projection's marker, which someone who may edit
+/// the Deployment could have put on its pod template.
+pub fn unmarked(mut d: Deployment) -> Deployment {
+    if let Some(a) = d.spec.as_mut().and_then(|s| s.template.metadata.as_mut()).and_then(|m| m.annotations.as_mut()) {
+        a.remove(ANNOTATION_PROJECTED);
+    }
+    d
 }
 
 /// Whether `d` (read from the cache, or rendered from one read there) is a projection.
@@ -245,8 +287,25 @@ mod tests {
         assert!(size(&p) * 4 < size(&f), "projection {} bytes of {}", size(&p), size(&f));
         assert!(is_projected(&p) && !is_projected(&f));
         let pod = p.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("pod spec");
-        assert_eq!(pod.containers.len(), 1, "only the main container");
-        assert!(pod.volumes.is_none() && pod.containers[0].env.is_none());
+        assert!(pod.containers.is_empty() && pod.volumes.is_none(), "no container is kept as one");
+        let again = expanded(&p).expect("a projection");
+        let pod = again.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("pod spec");
+        assert_eq!(pod.containers.len(), 1, "the main container, for the drift check");
+        assert_eq!(pod.containers[0].image.as_deref(), Some("registry.example.com/web:1.2.0"));
+        assert!(pod.containers[0].env.is_none());
+        assert!(expanded(&f).is_none());
+    }
+
+    #[test]
+    fn a_forged_marker_is_dropped_from_a_deployment_read_in_full() {
+        let mut forged = full();
+        let template = forged.spec.as_mut().and_then(|s| s.template.metadata.as_mut()).expect("template metadata");
+        template.annotations.get_or_insert_default().insert(ANNOTATION_PROJECTED.into(), "true".into());
+        assert!(is_projected(&forged));
+        let read = unmarked(forged);
+        assert!(!is_projected(&read));
+        assert!(!template_from_running(&read).is_some_and(|t| template_is_projected(&t)));
+        assert_eq!(unmarked(full()), full(), "nothing else changes");
     }
 
     #[test]

@@ -125,8 +125,18 @@ async fn reconcile_app(
     }
     let id = AppIdentity::of(&app)
         .ok_or_else(|| ReconcileError::NotStored { namespace: namespace.clone(), name: name.clone() })?;
+    let spec_changed = app.status.as_ref().and_then(|s| s.observed_generation) != app.metadata.generation;
+    // HPAs are watched on demand (`watch_cache::OnDemand`). While they are not, an App that no
+    // longer autoscales is looked up by name once per spec change: an HPA made after this
+    // controller started by another writer (an earlier owner's late create) is not in the
+    // empty cache, and would go on scaling the Deployment against the App.
+    let hpa_left = app.spec.autoscaling.is_none()
+        && app.status.is_some()
+        && spec_changed
+        && !ctx.hpas_watched()
+        && hpa_exists(ctx, &id).await;
     let needs = super::context::Needs {
-        hpas: app.spec.autoscaling.is_some(),
+        hpas: app.spec.autoscaling.is_some() || hpa_left,
         config_maps: app.spec.template.as_ref().is_some_and(|t| !config::config_maps_of(t).is_empty()),
     };
     if !ctx.caches_synced_within(CACHE_SYNC_LIMIT, needs).await {
@@ -137,7 +147,6 @@ async fn reconcile_app(
         return Ok(Action::requeue(CACHE_CATCH_UP));
     }
     let app_ref = app.object_ref(&());
-    let spec_changed = app.status.as_ref().and_then(|s| s.observed_generation) != app.metadata.generation;
 
     // Refused before anything is planned: a template too large to keep a copy of in status.
     let bytes = app.spec.template.as_ref().map_or(0, |t| t.json_len());
@@ -672,13 +681,21 @@ fn controlled_by_app<K: Resource>(object: &K, id: &AppIdentity) -> bool {
     owned_by(object.meta(), &id.owner)
 }
 
-/// Before writing an object the App derives: the object if this App controls it, `None` if
-/// no object of that name exists, and `NameConflict` if one exists that this App does not
-/// control. The caches hold only objects labelled as Flotilla's, so a missing one is looked
-/// up by name first: a hand-made Service `db` must never be taken over by an App `db`. A
-/// second's race (the object created between this look and the apply) can only be won by
-/// someone who could write that object anyway.
-/// The Deployment `name` read from the apiserver in full, if this App controls it.
+/// Whether this App's HPA exists (true when that cannot be told: the HPAs are then watched).
+async fn hpa_exists(ctx: &Context, id: &AppIdentity) -> bool {
+    let api: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), &id.namespace);
+    match api.get_metadata_opt(&names::hpa_name(&id.name)).await {
+        Ok(found) => found.is_some_and(|h| owned_by(&h.metadata, &id.owner)),
+        Err(e) => {
+            warn!(namespace = id.namespace, app = id.name, error = %e, "could not look for the App's HPA; watching HPAs");
+            true
+        }
+    }
+}
+
+/// The Deployment `name` read from the apiserver in full, if this App controls it. A
+/// projection's marker on it was put there by someone else (a tenant may edit its
+/// Deployments): it is dropped, so that what is rendered from it reads as full.
 async fn read_in_full(ctx: &Context, name: &str, id: &AppIdentity) -> Result<Option<Deployment>, ReconcileError> {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &id.namespace);
     let found = api.get_opt(name).await.map_err(|source| ReconcileError::Read {
@@ -687,13 +704,15 @@ async fn read_in_full(ctx: &Context, name: &str, id: &AppIdentity) -> Result<Opt
         name: name.to_string(),
         source,
     })?;
-    Ok(found.filter(|d| controlled_by_app(d, id)))
+    Ok(found.filter(|d| controlled_by_app(d, id)).map(projection::unmarked))
 }
 
 /// The Deployment to write and the one it replaces. When `want` copied the pod template of the
-/// cache's projection (running pods kept during a rollout, a Deployment kept as observed), both
-/// are made again from the Deployment read in full; `None` when there is then nothing to write.
-/// A projection is never written.
+/// cache's projection (the stable pods kept during a rollout), both are made again from the
+/// Deployment read in full; `None` when there is then nothing to write. The full Deployment
+/// must be the version the plan was made from (the cache's `have`): one that moved on since
+/// is planned from again (`CacheBehind`), so that the write's resourceVersion precondition
+/// still stands for the plan. A projection is never written.
 async fn in_full(
     ctx: &Context,
     app: &App,
@@ -707,6 +726,18 @@ async fn in_full(
         return Ok(Some((want.clone(), have)));
     }
     let full = read_in_full(ctx, name, id).await?;
+    let version = |d: Option<&Deployment>| d.and_then(|d| d.metadata.resource_version.clone());
+    if version(full.as_ref()) != version(have.as_ref()) {
+        return Err(ReconcileError::CacheBehind {
+            kind: "Deployment",
+            namespace: id.namespace.clone(),
+            name: name.to_string(),
+        });
+    }
+    // The read took time: the hold on the shard is looked at again before the write.
+    if !ctx.may_write(&id.namespace) {
+        return Err(ReconcileError::Fenced { namespace: id.namespace.clone() });
+    }
     let Some(want) = render(app, id, workload, full.as_ref()) else {
         return Ok(None);
     };
@@ -714,12 +745,18 @@ async fn in_full(
         return Err(ReconcileError::Projected {
             what: "Deployment",
             namespace: id.namespace.clone(),
-            name: id.name.clone(),
+            name: name.to_string(),
         });
     }
     Ok(Some((want, full)))
 }
 
+/// Before writing an object the App derives: the object if this App controls it, `None` if
+/// no object of that name exists, and `NameConflict` if one exists that this App does not
+/// control. The caches hold only objects labelled as Flotilla's, so a missing one is looked
+/// up by name first: a hand-made Service `db` must never be taken over by an App `db`. A
+/// second's race (the object created between this look and the apply) can only be won by
+/// someone who could write that object anyway.
 async fn claim<K>(
     api: &Api<K>,
     controlled: Option<&K>,
