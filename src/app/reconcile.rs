@@ -377,6 +377,12 @@ async fn reconcile_app(
                             .map(|_| Some((diffs, have.is_some())))
                     }
                     Ok(None) => continue,
+                    // The cache has not shown the Deployment's last change yet (often this
+                    // replica's own write): planned again once it has, as at the start.
+                    Err(ReconcileError::CacheBehind { .. }) => {
+                        debug!(namespace, app = name, deployment = object_name, "the cache is behind; planning again");
+                        return Ok(Action::requeue(CACHE_CATCH_UP));
+                    }
                     Err(e) => Err(e),
                 }
             }
