@@ -358,9 +358,12 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
         out.push(Difference { field: "deployment", observed: "missing".into(), desired: "present".into() });
         return out;
     };
-    // A projection from the cache keeps its main container apart (`projection`).
+    // A projection from the cache keeps its main container apart (`projection`); so does a
+    // Deployment rendered by copying one's template (the running pods kept).
     let expanded = crate::app::projection::expanded(observed);
     let observed = expanded.as_ref().unwrap_or(observed);
+    let expanded_desired = crate::app::projection::expanded(desired);
+    let desired = expanded_desired.as_ref().unwrap_or(desired);
     let (Some(want), Some(have)) = (desired.spec.as_ref(), observed.spec.as_ref()) else {
         out.push(Difference { field: "spec", observed: "unset".into(), desired: "set".into() });
         return out;

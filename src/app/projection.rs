@@ -281,6 +281,18 @@ mod tests {
     }
 
     #[test]
+    fn a_deployment_rendered_from_a_projection_shows_no_difference_from_it() {
+        // The stable Deployment rendered with its running pods kept copies the projection's
+        // template: nothing differs, so no write (and no read in full) follows.
+        let p = projected();
+        assert_eq!(deployment_differences(&p, Some(&p)), vec![]);
+        let mut scaled = projected();
+        scaled.spec.as_mut().expect("spec").replicas = Some(1);
+        let diffs = deployment_differences(&scaled, Some(&p));
+        assert_eq!(diffs.iter().map(|d| d.field).collect::<Vec<_>>(), vec!["spec.replicas"]);
+    }
+
+    #[test]
     fn a_projection_is_small_and_marked() {
         let (f, p) = (full(), projected());
         let size = |d: &Deployment| serde_json::to_string(d).map(|s| s.len()).unwrap_or(0);

@@ -360,7 +360,10 @@ async fn reconcile_app(
                 if !ctx.may_write(&namespace) {
                     return Err(fenced());
                 }
-                let claimed = claim(&deployments, have, cached, &id, "Deployment", &object_name).await;
+                // A Deployment claim reads from the apiserver carries no marker of ours.
+                let claimed = claim(&deployments, have, cached, &id, "Deployment", &object_name)
+                    .await
+                    .map(|d| d.map(|d| if cached { d } else { projection::unmarked(d) }));
                 let ready = match (claimed, workload) {
                     (Ok(have), Some(workload)) => in_full(ctx, &app, &id, workload, want, have, &object_name).await,
                     (Ok(_), None) => Ok(None),
@@ -377,12 +380,6 @@ async fn reconcile_app(
                             .map(|_| Some((diffs, have.is_some())))
                     }
                     Ok(None) => continue,
-                    // The cache has not shown the Deployment's last change yet (often this
-                    // replica's own write): planned again once it has, as at the start.
-                    Err(ReconcileError::CacheBehind { .. }) => {
-                        debug!(namespace, app = name, deployment = object_name, "the cache is behind; planning again");
-                        return Ok(Action::requeue(CACHE_CATCH_UP));
-                    }
                     Err(e) => Err(e),
                 }
             }
@@ -532,6 +529,12 @@ async fn reconcile_app(
             continue;
         }
         ctx.publish(&app_ref, EventType::Normal, reason, "Apply", note).await;
+    }
+    // The cache had not shown a Deployment's last change (often this replica's own write):
+    // nothing more was written, and status is not told of it; the App is planned again, with
+    // the backoff of conflicts (so that a cache that stays behind is not read every 200 ms).
+    if let Some(e @ ReconcileError::CacheBehind { .. }) = failure {
+        return Err(e);
     }
 
     // Status: what the plan says, or why it could not be carried out.
