@@ -133,22 +133,30 @@ impl OnDemand {
     }
 }
 
-/// Makes a cache's watch stream wait until its `OnDemand` is started. Starts `Unknown`
-/// (call `settle` once a probe has looked) when `probed`, else `Idle`.
+/// Makes a cache's watch stream wait until its `OnDemand` is started. With a `probe`, the
+/// cache starts `Unknown` and the stream, once polled, first runs the probe and settles on
+/// what it found (`settle`); without one it starts `Idle`.
 pub fn on_demand<K>(
     stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
     synced: watch::Receiver<bool>,
-    probed: bool,
+    probe: Option<futures::future::BoxFuture<'static, bool>>,
 ) -> (OnDemand, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
 where
     K: Send + 'static,
 {
-    let (tx, mut rx) = watch::channel(if probed { Demand::Unknown } else { Demand::Idle });
-    let gate = futures::stream::once(async move {
-        let _ = rx.wait_for(|d| *d == Demand::Started).await;
-    })
-    .filter_map(|()| futures::future::ready(None));
-    (OnDemand { demand: std::sync::Arc::new(tx), synced }, gate.chain(stream))
+    let initial = if probe.is_some() { Demand::Unknown } else { Demand::Idle };
+    let lazy = OnDemand { demand: std::sync::Arc::new(watch::channel(initial).0), synced };
+    let gate = {
+        let lazy = lazy.clone();
+        futures::stream::once(async move {
+            if let Some(probe) = probe {
+                lazy.settle(probe.await);
+            }
+            let _ = lazy.demand.subscribe().wait_for(|d| *d == Demand::Started).await;
+        })
+        .filter_map(|()| futures::future::ready(None))
+    };
+    (lazy, gate.chain(stream))
 }
 
 #[cfg(test)]
@@ -156,9 +164,13 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A cache watched on demand; `probed`: with a probe that never answers (the tests settle
+    /// by hand).
     fn gated(probed: bool) -> (OnDemand, watch::Sender<bool>, impl Stream<Item = Result<u32, watcher::Error>>) {
+        use futures::FutureExt;
         let (synced_tx, synced_rx) = synced_flag();
-        let (lazy, stream) = on_demand(futures::stream::iter([Ok(7u32)]), synced_rx, probed);
+        let probe = probed.then(|| futures::future::pending::<bool>().boxed());
+        let (lazy, stream) = on_demand(futures::stream::iter([Ok(7u32)]), synced_rx, probe);
         (lazy, synced_tx, stream)
     }
 

@@ -1,7 +1,7 @@
 //! Wires the App controller: watches Apps, and the Deployments, HPAs and Services they own (so that
 //! drift triggers a reconcile at once), and runs reconciles until shutdown.
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
@@ -100,13 +100,11 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     // HPAs are watched once an App of the namespace autoscales, or when one is there at start
     // (an App whose autoscaling was turned off while no replica watched must still have its
     // HPA deleted). Looking costs one list of at most one object's metadata.
-    let (hpa_watch, hpa_events) = on_demand(hpa_events, hpas_synced, true);
     let probe = {
         let api = scope.api::<HorizontalPodAutoscaler>(&client);
-        let hpa_watch = hpa_watch.clone();
-        async move { hpa_watch.settle(any_managed(&api).await) }
+        async move { any_managed(&api).await }.boxed()
     };
-    let hpa_events = futures::stream::once(probe).filter_map(|()| futures::future::ready(None)).chain(hpa_events);
+    let (hpa_watch, hpa_events) = on_demand(hpa_events, hpas_synced, Some(probe));
     let (services, services_synced, service_events) = cache::<Service>(scope.api(&client), managed(), ());
     // Every ConfigMap of the namespace, metadata only (kube asks the apiserver for
     // PartialObjectMetadata; the data of those an App names is read on change, see
@@ -122,7 +120,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         (),
         crate::app::config::slim_config_map,
     );
-    let (config_map_watch, config_map_events) = on_demand(config_map_events, config_maps_synced, false);
+    let (config_map_watch, config_map_events) = on_demand(config_map_events, config_maps_synced, None);
     let recorder = Recorder::new(client.clone(), reporter);
     let app_resource = ApiResource::erase::<App>(&());
     let caches = Caches {

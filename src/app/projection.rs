@@ -230,54 +230,38 @@ mod tests {
         let (f, p) = (full(), projected());
         assert_eq!(deployment_differences(&f, Some(&p)), vec![]);
         // And a drift of each compared field still shows through the projection.
-        let drifted = |edit: &dyn Fn(&mut Deployment)| {
+        fn spec(d: &mut Deployment) -> &mut k8s_openapi::api::apps::v1::DeploymentSpec {
+            d.spec.as_mut().expect("spec")
+        }
+        fn pod(d: &mut Deployment) -> &mut PodSpec {
+            spec(d).template.spec.as_mut().expect("pod spec")
+        }
+        fn template_meta(d: &mut Deployment) -> &mut ObjectMeta {
+            spec(d).template.metadata.as_mut().expect("template metadata")
+        }
+        type Edit = fn(&mut Deployment);
+        let edits: [(&str, Edit); 12] = [
+            ("image", |d| pod(d).containers[1].image = Some("evil:1".into())),
+            ("ports", |d| pod(d).containers[1].ports = None),
+            ("automountServiceAccountToken", |d| pod(d).automount_service_account_token = Some(true)),
+            ("pod securityContext", |d| pod(d).security_context = None),
+            ("container securityContext", |d| pod(d).containers[1].security_context = None),
+            ("replicas", |d| spec(d).replicas = Some(1)),
+            ("paused", |d| spec(d).paused = Some(true)),
+            ("strategy", |d| spec(d).strategy = None),
+            ("labels", |d| d.metadata.labels = None),
+            ("template labels", |d| template_meta(d).labels = None),
+            ("template annotations", |d| template_meta(d).annotations = None),
+            ("template hash", |d| {
+                d.metadata.annotations.as_mut().expect("annotations").remove(names::ANNOTATION_TEMPLATE_HASH);
+            }),
+        ];
+        for (what, edit) in edits {
             let mut d = full();
             edit(&mut d);
             project_deployment(&mut d);
-            deployment_differences(&f, Some(&d))
-        };
-        fn template(d: &mut Deployment) -> &mut PodSpec {
-            d.spec.as_mut().and_then(|s| s.template.spec.as_mut()).expect("pod spec")
+            assert!(!deployment_differences(&f, Some(&d)).is_empty(), "a drift of {what} is not seen");
         }
-        assert!(!drifted(&|d: &mut Deployment| template(d).containers[1].image = Some("evil:1".into())).is_empty());
-        assert!(!drifted(&|d: &mut Deployment| template(d).containers[1].ports = None).is_empty());
-        assert!(!drifted(&|d: &mut Deployment| template(d).automount_service_account_token = Some(true)).is_empty());
-        assert!(!drifted(&|d: &mut Deployment| template(d).security_context = None).is_empty());
-        assert!(!drifted(&|d: &mut Deployment| template(d).containers[1].security_context = None).is_empty());
-        assert!(!drifted(&|d: &mut Deployment| d.spec.as_mut().expect("spec").replicas = Some(1)).is_empty());
-        assert!(!drifted(&|d: &mut Deployment| d.spec.as_mut().expect("spec").paused = Some(true)).is_empty());
-        assert!(!drifted(&|d: &mut Deployment| d.spec.as_mut().expect("spec").strategy = None).is_empty());
-        assert!(!drifted(&|d: &mut Deployment| d.metadata.labels = None).is_empty());
-        assert!(
-            !drifted(&|d: &mut Deployment| d
-                .spec
-                .as_mut()
-                .expect("spec")
-                .template
-                .metadata
-                .as_mut()
-                .expect("meta")
-                .labels = None)
-            .is_empty()
-        );
-        assert!(
-            !drifted(&|d: &mut Deployment| d
-                .spec
-                .as_mut()
-                .expect("spec")
-                .template
-                .metadata
-                .as_mut()
-                .expect("meta")
-                .annotations = None)
-            .is_empty()
-        );
-        assert!(
-            !drifted(&|d: &mut Deployment| {
-                d.metadata.annotations.as_mut().expect("annotations").remove(names::ANNOTATION_TEMPLATE_HASH);
-            })
-            .is_empty()
-        );
     }
 
     #[test]
