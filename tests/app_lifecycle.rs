@@ -65,6 +65,20 @@ async fn event_reasons(client: &Client, ns: &str, app: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits until HPA `name` is gone (`what` names the wait).
+async fn wait_hpa_gone(hpas: &Api<HorizontalPodAutoscaler>, name: &str, what: &str) {
+    wait_for(SETTLE, what, || async { hpas.get_opt(name).await.ok().flatten().is_none().then_some(()) }).await;
+}
+
+/// Waits until Deployment `name` asks for `replicas`.
+async fn wait_replicas(deployments: &Api<Deployment>, name: &str, replicas: i32) {
+    wait_for(SETTLE, &format!("replicas of {name} set to {replicas}"), || async {
+        let d = deployments.get(name).await.ok()?;
+        (d.spec?.replicas == Some(replicas)).then_some(())
+    })
+    .await;
+}
+
 /// Events are recorded just after the write they describe: poll for them.
 async fn wait_event(client: &Client, ns: &str, app: &str, reason: &str) {
     wait_for(Duration::from_secs(10), &format!("Event {reason} on App {app}"), || async {
@@ -273,13 +287,8 @@ async fn autoscaling_hands_replicas_to_an_hpa_and_back() {
     apps.patch("worker", &PatchParams::default(), &Patch::Merge(json!({"spec": {"autoscaling": null, "replicas": 3}})))
         .await
         .expect("turning autoscaling off");
-    wait_for(SETTLE, "HPA deleted", || async { hpas.get_opt("worker").await.ok().flatten().is_none().then_some(()) })
-        .await;
-    wait_for(SETTLE, "replicas set to 3", || async {
-        let d = deployments.get("worker").await.ok()?;
-        (d.spec?.replicas == Some(3)).then_some(())
-    })
-    .await;
+    wait_hpa_gone(&hpas, "worker", "HPA deleted").await;
+    wait_replicas(&deployments, "worker", 3).await;
 }
 
 /// HPAs are watched only in namespaces that need them (`watch_cache::OnDemand`). Autoscaling
@@ -311,15 +320,8 @@ async fn an_hpa_left_while_no_replica_ran_is_deleted() {
         &format!("e2e-{}-again", ns.name),
     )
     .await;
-    wait_for(SETTLE, "the left HPA deleted", || async {
-        hpas.get_opt("batch").await.ok().flatten().is_none().then_some(())
-    })
-    .await;
-    wait_for(SETTLE, "replicas set to 2", || async {
-        let d = deployments.get("batch").await.ok()?;
-        (d.spec?.replicas == Some(2)).then_some(())
-    })
-    .await;
+    wait_hpa_gone(&hpas, "batch", "the left HPA deleted").await;
+    wait_replicas(&deployments, "batch", 2).await;
 }
 
 /// In a namespace where no App autoscales, HPAs are not watched. One of Flotilla's HPAs made
@@ -327,7 +329,7 @@ async fn an_hpa_left_while_no_replica_ran_is_deleted() {
 /// spec change, and deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_hpa_made_while_hpas_are_not_watched_is_deleted_at_the_next_change() {
-    let (client, ns, _op) = setup("e2e-hpa-late").await;
+    let (client, ns, mut op) = setup("e2e-hpa-late").await;
     let app = create_app(
         &client,
         &ns.name,
@@ -352,15 +354,20 @@ async fn an_hpa_made_while_hpas_are_not_watched_is_deleted_at_the_next_change() 
     apps.patch("batch", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 2}})))
         .await
         .expect("changing the App");
-    wait_for(SETTLE, "the late HPA deleted", || async {
-        hpas.get_opt("batch").await.ok().flatten().is_none().then_some(())
-    })
+    wait_hpa_gone(&hpas, "batch", "the late HPA deleted").await;
+    wait_replicas(&deployments, "batch", 2).await;
+
+    // The same HPA there when a replica starts, with no spec change to look for it: the
+    // start's probe finds it, and the App's first reconcile deletes it.
+    op.child.kill().await.expect("stopping the replica");
+    hpas.create(&PostParams::default(), &late).await.expect("creating the HPA again");
+    let _op = Operator::start_with(
+        support::kubeconfig(),
+        &["--namespace", &ns.name, "--conversion-webhook=false"],
+        &format!("e2e-{}-again", ns.name),
+    )
     .await;
-    wait_for(SETTLE, "replicas set to 2", || async {
-        let d = deployments.get("batch").await.ok()?;
-        (d.spec?.replicas == Some(2)).then_some(())
-    })
-    .await;
+    wait_hpa_gone(&hpas, "batch", "the HPA found at start deleted").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
