@@ -268,8 +268,7 @@ async fn the_sample_apps_are_valid() {
     let ns = TestNamespace::create(&client, "e2e-samples").await;
     let ar = ApiResource::erase::<flotilla::api::App>(&());
     let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns.name, &ar);
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/samples/app.yaml")).expect("samples");
+    let text = std::fs::read_to_string(support::repo_root().join("deploy/samples/app.yaml")).expect("samples");
     let mut count = 0;
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let mut obj: DynamicObject = serde::Deserialize::deserialize(doc).expect("sample App YAML");
@@ -288,8 +287,7 @@ async fn the_sample_tenants_are_valid() {
     install_crds(&client).await;
     let ar = ApiResource::erase::<flotilla::api::Tenant>(&());
     let tenants: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/samples/tenant.yaml")).expect("samples");
+    let text = std::fs::read_to_string(support::repo_root().join("deploy/samples/tenant.yaml")).expect("samples");
     let mut count = 0;
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let obj: DynamicObject = serde::Deserialize::deserialize(doc).expect("sample Tenant YAML");

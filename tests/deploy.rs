@@ -11,7 +11,8 @@ use support::{helm, install_operator_rbac, kubectl_try, repo_root};
 fn kustomize_base_passes_a_server_side_dry_run() {
     // The namespace must exist for the namespaced objects of the dry run to be checked.
     install_operator_rbac();
-    let base = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base");
+    let base = support::repo_root().join("deploy/base");
+    let base = base.to_str().expect("a UTF-8 path");
     let (ok, out) = kubectl_try(&["apply", "--server-side", "--dry-run=server", "--force-conflicts", "-k", base]);
     assert!(ok, "kubectl apply --dry-run=server -k deploy/base failed:\n{out}");
     for object in [
@@ -57,7 +58,7 @@ fn objects(yaml: &str) -> std::collections::BTreeMap<(String, String, String), s
 
 #[test]
 fn the_helm_chart_with_default_values_renders_the_kustomize_base() {
-    let base = kubectl_try(&["kustomize", concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base")]);
+    let base = kubectl_try(&["kustomize", support::repo_root().join("deploy/base").to_str().expect("a UTF-8 path")]);
     assert!(base.0, "kubectl kustomize deploy/base failed: {}", base.1);
     let mut kustomize = objects(&base.1);
     // Helm creates the release namespace (`--create-namespace`); kustomize has to.

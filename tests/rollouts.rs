@@ -10,6 +10,7 @@ use flotilla::api::{AppPhase, MeasurementResult, RolloutResult};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use support::kubeconfig;
+use support::recorder::Recorder;
 use support::rollout::{P99_MS, Rig, analysis, condition, error_rate_check, image_of};
 
 fn canary(steps: serde_json::Value) -> serde_json::Value {
@@ -725,43 +726,12 @@ async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_c
         "a blue-green App's Service selects one track"
     );
     rig.wait_for_data("web", "2").await;
+    // Every write to the namespace's Services and Deployments from here on, in order: a
+    // preview that is switched to a second after it is ready would slip between two GETs.
+    let recorder = Recorder::start(rig.client.clone(), &ns).await;
     rig.set_version("web", "2").await;
-
-    // Sample what the Service selects and how many pods of that track are available, until
-    // the App is Healthy at version 2.
-    let mut tracks: Vec<Option<String>> = Vec::new();
-    let mut saw_preview = false;
-    let mut lowest = i32::MAX;
     let started = Instant::now();
     loop {
-        // The Deployments between two reads of the selector: a sample taken while the
-        // Service changed is not judged.
-        let track = selected_track(&rig, "web").await.expect("the App's Service");
-        let stable = rig.deployment("web").await;
-        let preview = rig.deployment("web-canary").await;
-        if selected_track(&rig, "web").await != Ok(track.clone()) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        let behind = match track.as_deref() {
-            Some("canary") => available(&preview),
-            _ => available(&stable),
-        };
-        lowest = lowest.min(behind);
-        if tracks.last() != Some(&track) {
-            tracks.push(track.clone());
-        }
-        if track.as_deref() == Some("stable")
-            && preview.is_some()
-            && image_of(stable.as_ref().expect("stable")).ends_with(":1")
-        {
-            // Before the switch the new version runs at full size behind the preview Service
-            // (its availability is judged by `lowest` once the Service selects it).
-            let size = preview.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
-            if selected_track(&rig, "web-preview").await == Ok(Some("canary".into())) && size == Some(3) {
-                saw_preview = true;
-            }
-        }
         let s = rig.app("web").await.status.unwrap_or_default();
         assert_ne!(s.phase, Some(AppPhase::RolledBack), "a good version was rolled back: {:?}", s.conditions);
         if s.phase == Some(AppPhase::Healthy) && s.current_version.as_deref() == Some("2") {
@@ -775,6 +745,36 @@ async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_c
         (selected_track(&rig, "web").await == Ok(Some("stable".into()))).then_some(())
     })
     .await;
+
+    // After each write: what the Service selects, and how many pods of that track are available.
+    let history = recorder.stop();
+    let mut tracks: Vec<Option<String>> = Vec::new();
+    let mut saw_preview = false;
+    let mut lowest = (i32::MAX, 0);
+    for state in &history {
+        let track = state.track("web").expect("the App's Service");
+        let stable = state.deployments.get("web").cloned();
+        let preview = state.deployments.get("web-canary").cloned();
+        let behind = match track.as_deref() {
+            Some("canary") => available(&preview),
+            _ => available(&stable),
+        };
+        if behind < lowest.0 {
+            lowest = (behind, state.revision);
+        }
+        if tracks.last() != Some(&track) {
+            tracks.push(track.clone());
+        }
+        // Before the switch the new version runs at full size behind the preview Service.
+        let size = preview.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
+        if track.as_deref() == Some("stable")
+            && stable.as_ref().is_some_and(|d| image_of(d).ends_with(":1"))
+            && state.track("web-preview") == Ok(Some("canary".into()))
+            && size == Some(3)
+        {
+            saw_preview = true;
+        }
+    }
     assert!(saw_preview, "the new version ran at full size behind web-preview before the switch");
     // Then back to the stable Deployment (waited for above, after Healthy was written).
     assert_eq!(
@@ -782,8 +782,15 @@ async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_c
         [&Some("stable".to_string()), &Some("canary".to_string())],
         "the Service went from the old pods to the new ones, nothing in between: {tracks:?}"
     );
+    assert_eq!(tracks.last(), Some(&Some("stable".to_string())), "{tracks:?}");
     assert!(tracks[1..].iter().all(|t| t.is_some()), "the Service never selected both versions: {tracks:?}");
-    assert!(lowest >= 3, "the Service selected only {lowest} available pods of 3 at some point");
+    assert!(
+        lowest.0 >= 3,
+        "the Service selected only {} available pods of 3 at revision {} ({} writes recorded)",
+        lowest.0,
+        lowest.1,
+        history.len()
+    );
     let stable = rig.deployment("web").await.expect("stable");
     assert_eq!(image_of(&stable), "registry.example.com/tests/web:2");
     support::wait_for(Duration::from_secs(20), "preview Deployment and Service removed", || async {

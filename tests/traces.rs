@@ -11,7 +11,8 @@ use std::time::Duration;
 use support::{Operator, admin_client, http_get, install_crds, onboarded_healthy_app, operator_kubeconfig, wait_for};
 
 fn jaeger() -> PathBuf {
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = support::repo_root();
+    let root = root.display();
     let status = std::process::Command::new("bash")
         .arg(format!("{root}/hack/build-jaeger.sh"))
         .stdin(Stdio::null())

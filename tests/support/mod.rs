@@ -5,6 +5,7 @@
 
 pub mod browser;
 pub mod prometheus;
+pub mod recorder;
 pub mod rollout;
 pub mod stall_proxy;
 
@@ -24,7 +25,12 @@ pub const TEST_CLUSTER: &str = "flotilla-test";
 
 /// The repository's root (the crate's manifest directory).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    // Cargo sets the variable when it runs a test too. The run's value is preferred: the
+    // target dir is shared between clones, and a test binary reused from another clone (its
+    // sources unchanged) would otherwise read that clone's files, or a removed directory.
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 static PRIVATE_CLUSTER: OnceLock<String> = OnceLock::new();
