@@ -516,11 +516,33 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // Its shards with no namespace of its own stop at once: they are released while the
+    // others drain, and the peers take them then, not once the slowest has stopped.
+    let idle: Vec<u32> = holders(&client)
+        .await
+        .into_iter()
+        .filter(|(s, h)| h.as_deref() == Some("shard-f") && !mine.iter().any(|ns| shard_of(ns, SHARDS) == *s))
+        .map(|(s, _)| s)
+        .collect();
+    assert!(!idle.is_empty(), "shard-f holds shards with no namespace of its own");
     signal(&f, "-TERM");
     let termed = Instant::now();
-    let exited = tokio::time::timeout(Duration::from_secs(30), f.child.wait()).await;
+    let (exited, idle_moved) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(30), f.child.wait()),
+        wait_for(Duration::from_secs(10), "shard-f's idle shards held by its peers", || async {
+            let h = holders(&client).await;
+            idle.iter()
+                .all(|s| matches!(h.get(s).cloned().flatten().as_deref(), Some("shard-c" | "shard-d")))
+                .then(|| termed.elapsed())
+        })
+    );
     let took = termed.elapsed();
     println!("SIGTERM with writes held up: shard-f exited {took:?} after the signal ({exited:?})");
+    println!("its {} idle shards were held by its peers {idle_moved:?} after the signal", idle.len());
+    assert!(
+        idle_moved <= Duration::from_millis(1500),
+        "shard-f's idle shards were taken {idle_moved:?} after SIGTERM, while its busy ones drained; measured 0.47 s (a peer looks every 0.5 s)"
+    );
     assert!(matches!(exited, Ok(Ok(status)) if status.success()), "shard-f exits cleanly on SIGTERM: {exited:?}");
     assert!(
         took <= Duration::from_secs(4),

@@ -207,9 +207,17 @@ pub async fn run_shard_manager(
     // has stopped, so that peers take over each shard at once. Shards whose work was cancelled
     // rather than stopped may still have writes on their way: their Leases expire (a lease
     // duration after the last renewal) instead.
+    // The membership Lease is deleted at once, beside the releases (so that a slow apiserver
+    // delays neither). While it is there the peers count this replica among the
+    // live ones: their fair shares stay a third (not half) of the shards, they are full, and
+    // they take none of the shards released below until the last of them is, after the
+    // slowest namespace's stop. Without it a peer may take each shard as soon as it is
+    // released. (The shards still held stay this replica's: a Lease is taken from its holder
+    // only once released, or unrenewed for a lease duration as after a kill -9.)
     let shards: Vec<u32> = holdings.shards().into_iter().collect();
     let released = holdings.remove(&shards);
-    let left =
+    let (_, left) = tokio::join!(
+        leases.leave(),
         release_as_stopped(&mut working_rx, released, settings.renew_deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
             let (leases, metrics) = (leases.clone(), metrics.clone());
             async move {
@@ -219,11 +227,10 @@ pub async fn run_shard_manager(
                 }
             }
         })
-        .await;
+    );
     if !left.is_empty() {
         warn!(shards = ?left, "work in these shards did not stop in time: leaving their Leases to expire");
     }
-    leases.leave().await;
     metrics.shards_held(0, 0.0);
     info!("released every shard");
 }
