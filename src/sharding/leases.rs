@@ -271,7 +271,17 @@ impl Leases {
     /// Removes this replica's membership Lease on shutdown.
     pub async fn leave(&self) {
         let name = member_lease_name(&self.me);
-        let _ = self.bounded("deleting", &name, self.api.delete(&name, &DeleteParams::default())).await;
+        let error = match self.bounded("deleting", &name, self.api.delete(&name, &DeleteParams::default())).await {
+            Ok(Ok(_)) => return,
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(
+            lease = name,
+            error,
+            "could not delete the membership Lease: peers count this replica live until it expires"
+        );
     }
 }
 

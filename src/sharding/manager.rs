@@ -209,9 +209,9 @@ pub async fn run_shard_manager(
     // duration after the last renewal) instead.
     // The membership Lease is deleted at once, beside the releases (so that a slow apiserver
     // delays neither). While it is there the peers count this replica among the
-    // live ones: their fair shares stay a third (not half) of the shards, they are full, and
-    // they take none of the shards released below until the last of them is, after the
-    // slowest namespace's stop. Without it a peer may take each shard as soon as it is
+    // live ones: their fair shares stay as they were (with three replicas, a third of the
+    // shards, not half), they are full, and they take none of the shards released below
+    // until the last of them is, after the slowest namespace's stop. Without it a peer may take each shard as soon as it is
     // released. (The shards still held stay this replica's: a Lease is taken from its holder
     // only once released, or unrenewed for a lease duration as after a kill -9.)
     let shards: Vec<u32> = holdings.shards().into_iter().collect();
@@ -228,11 +228,12 @@ pub async fn run_shard_manager(
             }
         })
     );
-    if !left.is_empty() {
+    metrics.shards_held(0, 0.0);
+    if left.is_empty() {
+        info!("released every shard");
+    } else {
         warn!(shards = ?left, "work in these shards did not stop in time: leaving their Leases to expire");
     }
-    metrics.shards_held(0, 0.0);
-    info!("released every shard");
 }
 
 /// How long a newly served namespace's App cache is waited for before more shards are taken
@@ -364,6 +365,12 @@ async fn renew_loop(
             }
         }
     }
+    // A membership heartbeat still on its way is answered before the membership Lease is
+    // deleted: a Lease update may create what it finds missing, and one landing after the
+    // delete would bring this replica back to life in its peers' eyes for a lease duration
+    // (their fair shares shrink, and they hand the shards they just took back). Each call is
+    // bounded by the Lease call timeout.
+    while pending.next().await.is_some() {}
 }
 
 /// What the balancing loop works with.
