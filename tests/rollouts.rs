@@ -347,13 +347,17 @@ async fn a_rolling_update_keeps_all_but_max_unavailable_replicas_available() {
         assert!(started.elapsed() < Duration::from_secs(90), "rolling update did not finish: {s:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let history = recorder.stop();
     let available = |state: &support::recorder::State| {
         state.deployments.get("web").and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0)
     };
-    let rolled =
-        history.iter().filter(|s| s.deployments.get("web").is_some_and(|d| image_of(d).ends_with(":2"))).count();
-    assert!(rolled > 0, "the rolling update is in the history ({} writes)", history.len());
+    let rolled = |state: &support::recorder::State| {
+        let d = state.deployments.get("web");
+        let updated = d.and_then(|d| d.status.as_ref()).and_then(|s| s.updated_replicas);
+        d.is_some_and(|d| image_of(d).ends_with(":2")) && updated == Some(4) && available(state) == 4
+    };
+    recorder.wait_until(Duration::from_secs(30), "all 4 replicas of version 2 available", rolled).await;
+    let history = recorder.stop();
+    assert!(history.iter().any(|s| !rolled(s)), "the rolling update is in the history ({} writes)", history.len());
     let lowest = history.iter().map(available).min().unwrap_or(0);
     assert!(lowest >= 3, "availability dropped to {lowest} of 4 with maxUnavailable 1");
     let d = rig.deployment("web").await.expect("deployment");
@@ -390,18 +394,22 @@ async fn a_rollback_keeps_the_canary_serving_until_the_stable_deployment_is_back
         assert!(started.elapsed() < Duration::from_secs(90), "not rolled back in 90 s: {s:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    support::wait_for(Duration::from_secs(30), "the canary gone and the stable Deployment back", || async {
-        let stable = rig.deployment("web").await.and_then(|d| d.status).and_then(|s| s.available_replicas);
-        (rig.deployment("web-canary").await.is_none() && stable == Some(4)).then_some(())
-    })
-    .await;
-    // From the state the rollback was decided in until the canary is gone: available pods of
-    // both Deployments after each write.
-    let history = recorder.stop();
-    let from = history.iter().rposition(|s| s.revision <= rolled_back_at).unwrap_or(0);
     let available = |d: Option<&k8s_openapi::api::apps::v1::Deployment>| {
         d.and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0)
     };
+    recorder
+        .wait_until(Duration::from_secs(30), "the canary gone and the stable Deployment back", |s| {
+            !s.deployments.contains_key("web-canary") && available(s.deployments.get("web")) == 4
+        })
+        .await;
+    // From the state the rollback was decided in until the canary is gone: available pods of
+    // both Deployments after each write.
+    let history = recorder.stop();
+    let from = history.iter().rposition(|s| s.revision <= rolled_back_at).expect("writes before the rollback");
+    assert!(
+        history[from].deployments.contains_key("web-canary"),
+        "the canary ran when the rollback was decided (the window judged starts there)"
+    );
     let mut lowest = (i32::MAX, 0);
     for state in &history[from..] {
         let stable = available(state.deployments.get("web"));
@@ -745,10 +753,12 @@ async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_c
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // The promotion is written first; the Service follows in the same reconcile.
-    support::wait_for(Duration::from_secs(10), "the Service back on the stable Deployment", || async {
-        (selected_track(&rig, "web").await == Ok(Some("stable".into()))).then_some(())
-    })
-    .await;
+    recorder
+        .wait_until(Duration::from_secs(10), "the Service back on the stable Deployment", |s| {
+            s.track("web") == Ok(Some("stable".into()))
+                && s.deployments.get("web").is_some_and(|d| image_of(d).ends_with(":2"))
+        })
+        .await;
 
     // After each write: what the Service selects, and how many pods of that track are available.
     let history = recorder.stop();
