@@ -208,12 +208,13 @@ pub async fn run_shard_manager(
     // rather than stopped may still have writes on their way: their Leases expire (a lease
     // duration after the last renewal) instead.
     // The membership Lease is deleted at once, beside the releases (so that a slow apiserver
-    // delays neither). While it is there the peers count this replica among the
-    // live ones: their fair shares stay as they were (with three replicas, a third of the
-    // shards, not half), they are full, and they take none of the shards released below
-    // until the last of them is, after the slowest namespace's stop. Without it a peer may take each shard as soon as it is
-    // released. (The shards still held stay this replica's: a Lease is taken from its holder
-    // only once released, or unrenewed for a lease duration as after a kill -9.)
+    // delays neither). While it is there the peers count this replica among the live ones:
+    // their fair shares stay as they were (with three replicas, a third of the shards, not
+    // half), they are full, and they take none of the shards released below until the last
+    // of them is, after the slowest namespace's stop. Without it a peer may take each shard
+    // as soon as it is released. (The shards still held stay this replica's: a Lease is taken
+    // from its holder only once released, or unrenewed for a lease duration as after a
+    // kill -9.)
     let shards: Vec<u32> = holdings.shards().into_iter().collect();
     let released = holdings.remove(&shards);
     let (_, left) = tokio::join!(
