@@ -347,18 +347,15 @@ async fn a_rolling_update_keeps_all_but_max_unavailable_replicas_available() {
         assert!(started.elapsed() < Duration::from_secs(90), "rolling update did not finish: {s:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let available = |state: &support::recorder::State| {
-        state.deployments.get("web").and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0)
-    };
     let rolled = |state: &support::recorder::State| {
         let d = state.deployments.get("web");
         let updated = d.and_then(|d| d.status.as_ref()).and_then(|s| s.updated_replicas);
-        d.is_some_and(|d| image_of(d).ends_with(":2")) && updated == Some(4) && available(state) == 4
+        d.is_some_and(|d| image_of(d).ends_with(":2")) && updated == Some(4) && available(d) == 4
     };
     recorder.wait_until(Duration::from_secs(30), "all 4 replicas of version 2 available", rolled).await;
     let history = recorder.stop();
     assert!(history.iter().any(|s| !rolled(s)), "the rolling update is in the history ({} writes)", history.len());
-    let lowest = history.iter().map(available).min().unwrap_or(0);
+    let lowest = history.iter().map(|s| available(s.deployments.get("web"))).min().unwrap_or(0);
     assert!(lowest >= 3, "availability dropped to {lowest} of 4 with maxUnavailable 1");
     let d = rig.deployment("web").await.expect("deployment");
     let rolling = d.spec.and_then(|s| s.strategy).and_then(|s| s.rolling_update).expect("rolling update");
@@ -393,9 +390,6 @@ async fn a_rollback_keeps_the_canary_serving_until_the_stable_deployment_is_back
         }
         assert!(started.elapsed() < Duration::from_secs(90), "not rolled back in 90 s: {s:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let available = |d: Option<&k8s_openapi::api::apps::v1::Deployment>| {
-        d.and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0)
     };
     recorder
         .wait_until(Duration::from_secs(30), "the canary gone and the stable Deployment back", |s| {
@@ -714,12 +708,12 @@ async fn selected_track(rig: &Rig, name: &str) -> Result<Option<String>, ()> {
     let services: kube::Api<k8s_openapi::api::core::v1::Service> =
         kube::Api::namespaced(rig.client.clone(), &rig.ns.name);
     let service = services.get_opt(name).await.expect("reading Service").ok_or(())?;
-    let selector = service.spec.and_then(|s| s.selector).unwrap_or_default();
-    Ok(selector.get("flotilla.dev/track").cloned())
+    Ok(support::recorder::track_of(&service))
 }
 
-fn available(d: &Option<k8s_openapi::api::apps::v1::Deployment>) -> i32 {
-    d.as_ref().and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0)
+/// Available pods of a Deployment (0 when there is none).
+fn available(d: Option<&k8s_openapi::api::apps::v1::Deployment>) -> i32 {
+    d.and_then(|d| d.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -767,11 +761,11 @@ async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_c
     let mut lowest = (i32::MAX, 0);
     for state in &history {
         let track = state.track("web").expect("the App's Service");
-        let stable = state.deployments.get("web").cloned();
-        let preview = state.deployments.get("web-canary").cloned();
+        let stable = state.deployments.get("web");
+        let preview = state.deployments.get("web-canary");
         let behind = match track.as_deref() {
-            Some("canary") => available(&preview),
-            _ => available(&stable),
+            Some("canary") => available(preview),
+            _ => available(stable),
         };
         if behind < lowest.0 {
             lowest = (behind, state.revision);
@@ -780,9 +774,9 @@ async fn a_blue_green_rollout_switches_the_service_in_one_write_and_keeps_full_c
             tracks.push(track.clone());
         }
         // Before the switch the new version runs at full size behind the preview Service.
-        let size = preview.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
+        let size = preview.and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
         if track.as_deref() == Some("stable")
-            && stable.as_ref().is_some_and(|d| image_of(d).ends_with(":1"))
+            && stable.is_some_and(|d| image_of(d).ends_with(":1"))
             && state.track("web-preview") == Ok(Some("canary".into()))
             && size == Some(3)
         {
@@ -838,7 +832,7 @@ async fn a_blue_green_rollout_switches_back_when_a_check_fails_after_the_switch(
     loop {
         let stable = rig.deployment("web").await.expect("stable");
         assert_eq!(image_of(&stable), "registry.example.com/tests/web:1", "the old version was touched");
-        assert_eq!(available(&Some(stable)), 3, "the old version kept its pods");
+        assert_eq!(available(Some(&stable)), 3, "the old version kept its pods");
         let s = rig.app("web").await.status.unwrap_or_default();
         if s.phase == Some(AppPhase::RolledBack) {
             break;

@@ -41,10 +41,13 @@ impl State {
     /// The `flotilla.dev/track` the Service `name` selects: `Err` when it does not exist,
     /// `Ok(None)` when it selects every pod of the App.
     pub fn track(&self, name: &str) -> Result<Option<String>, ()> {
-        let service = self.services.get(name).ok_or(())?;
-        let selector = service.spec.as_ref().and_then(|s| s.selector.clone()).unwrap_or_default();
-        Ok(selector.get("flotilla.dev/track").cloned())
+        self.services.get(name).map(track_of).ok_or(())
     }
+}
+
+/// The `flotilla.dev/track` a Service selects (`None`: every pod of the App).
+pub fn track_of(service: &Service) -> Option<String> {
+    service.spec.as_ref()?.selector.as_ref()?.get("flotilla.dev/track").cloned()
 }
 
 pub struct Recorder {
@@ -82,7 +85,7 @@ impl Recorder {
         let start = std::time::Instant::now();
         loop {
             let seen = self.seen.lock().expect("recorder lock").clone();
-            if replay(seen).0.last().is_some_and(&check) {
+            if check(&replay(seen).0) {
                 return;
             }
             assert!(start.elapsed() < timeout, "the recorded history did not reach {what} within {timeout:?}");
@@ -105,13 +108,13 @@ impl Recorder {
     }
 }
 
-/// Every state in resourceVersion order (the last one included even when it is from the
-/// lists), and those after the lists.
-fn replay(mut seen: Vec<Seen>) -> (Vec<State>, Vec<State>) {
+/// The namespace as the last write left it, and after each write since the lists, in
+/// resourceVersion order.
+fn replay(mut seen: Vec<Seen>) -> (State, Vec<State>) {
     seen.sort_by_key(|s| s.revision);
     let listed_up_to = seen.iter().filter(|s| s.initial).map(|s| s.revision).max().unwrap_or(0);
     let mut state = State::default();
-    let (mut all, mut after) = (Vec::new(), Vec::new());
+    let mut after = Vec::new();
     for s in seen {
         match s.change {
             Change::Service(name, Some(o)) => drop(state.services.insert(name, *o)),
@@ -123,9 +126,8 @@ fn replay(mut seen: Vec<Seen>) -> (Vec<State>, Vec<State>) {
         if s.revision > listed_up_to {
             after.push(state.clone());
         }
-        all.push(state.clone());
     }
-    (all, after)
+    (state, after)
 }
 
 async fn record<K>(
