@@ -1,13 +1,18 @@
 //! Watch-fed caches with a "synced" flag that any number of tasks can wait on.
 
-use futures::{Stream, StreamExt};
+pub mod compact;
+
+use futures::{Stream, StreamExt, TryStreamExt};
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use tokio::sync::watch;
+
+pub use compact::Compact;
 
 /// Drops what the operator never reads from cached objects: managed fields and the
 /// last-applied annotation are most of a Deployment's size.
@@ -66,6 +71,49 @@ where
         })
         .touched_objects();
     (reader, synced_rx, stream)
+}
+
+/// Like `cache_with`, the objects kept as text (`compact`): each object watched as `W` is kept
+/// as what `compact` makes of it, and a read of the cache gives that back.
+pub fn compact_cache<W, K>(
+    api: Api<W>,
+    config: watcher::Config,
+    compact: fn(W) -> Compact<K>,
+) -> (CompactStore<K>, watch::Receiver<bool>, impl Stream<Item = watcher::Result<Compact<K>>> + Send + 'static)
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: Resource<DynamicType = ()> + 'static,
+{
+    let writer = reflector::store::Writer::new(());
+    let reader = writer.as_reader();
+    let (synced_tx, synced_rx) = synced_flag();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .map_ok(move |event| match event {
+            watcher::Event::Apply(obj) => watcher::Event::Apply(compact(obj)),
+            watcher::Event::Delete(obj) => watcher::Event::Delete(compact(obj)),
+            watcher::Event::InitApply(obj) => watcher::Event::InitApply(compact(obj)),
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitDone => watcher::Event::InitDone,
+        })
+        .reflect(writer)
+        // After `reflect`, as in `cache_with`.
+        .inspect(move |event| {
+            if let Ok(watcher::Event::InitDone) = event {
+                synced_tx.send_replace(true);
+            }
+        })
+        .touched_objects();
+    (reader, synced_rx, stream)
+}
+
+/// A cache of objects kept as text.
+pub type CompactStore<K> = Store<Compact<K>>;
+
+/// `obj` with what the operator never reads dropped (`slim`), as cached.
+pub fn slim_compact<K, W: Resource + Serialize>(mut obj: W) -> Compact<K> {
+    slim(&mut obj);
+    Compact::of(obj)
 }
 
 /// Whether the watch of a cache started on demand runs.

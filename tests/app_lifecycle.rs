@@ -426,7 +426,8 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     for name in ["quiet", "still"] {
         for _ in 0..100 {
             let obj = dynamic.get(name).await.expect("app");
-            flotilla::app::reconcile::reconcile(std::sync::Arc::new(obj), ctx.clone()).await.expect("reconcile");
+            let cached = flotilla::watch_cache::Compact::<flotilla::api::App>::of(obj);
+            flotilla::app::reconcile::reconcile(std::sync::Arc::new(cached), ctx.clone()).await.expect("reconcile");
         }
     }
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -3,11 +3,11 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::ApiResource;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,14 +20,14 @@ use crate::rollout::endpoints::Refusal;
 use crate::rollout::{Analyzer, Asker, Run};
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
-use crate::watch_cache::{Demand, OnDemand};
+use crate::watch_cache::{Compact, Demand, OnDemand};
 
 /// The caches of managed objects, and one flag per always-watched cache that turns true
 /// once it holds its first full list. HPAs and ConfigMaps are watched on demand.
 pub struct Caches {
-    pub deployments: Store<Deployment>,
+    pub deployments: Store<Compact<Deployment>>,
     pub hpas: Store<HorizontalPodAutoscaler>,
-    pub services: Store<Service>,
+    pub services: Store<Compact<Service>>,
     pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
     pub synced: Vec<watch::Receiver<bool>>,
     pub hpa_watch: OnDemand,
@@ -49,13 +49,14 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub app_resource: ApiResource,
-    /// Deployments labelled as managed by Flotilla, in the namespaces this replica serves.
-    pub deployments: Store<Deployment>,
+    /// Deployments labelled as managed by Flotilla, in the namespaces this replica serves, as
+    /// projections (`projection`) kept as text (read with `deployment`).
+    deployments: Store<Compact<Deployment>>,
     /// HorizontalPodAutoscalers labelled as managed by Flotilla (watched once an App of the
     /// namespace autoscales, or one was there at start: see `hpa_watch`).
     pub hpas: Store<HorizontalPodAutoscaler>,
-    /// Services labelled as managed by Flotilla.
-    pub services: Store<Service>,
+    /// Services labelled as managed by Flotilla, kept as text (read with `service`).
+    services: Store<Compact<Service>>,
     /// The metadata of every ConfigMap in the served namespaces (see `app::config`), watched
     /// once an App of the namespace reads one.
     pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
@@ -149,12 +150,24 @@ impl Context {
         tokio::time::timeout(limit, self.wait_for_caches(needs)).await.is_ok()
     }
 
+    /// The cached Deployment `name` of `namespace` (a projection: see `projection`).
+    pub fn deployment(&self, namespace: &str, name: &str) -> Option<Arc<Deployment>> {
+        let cached = self.deployments.get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))?;
+        Some(Arc::new(cached.expand()))
+    }
+
+    /// The cached Service `name` of `namespace`.
+    pub fn service(&self, namespace: &str, name: &str) -> Option<Arc<Service>> {
+        let cached = self.services.get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))?;
+        Some(Arc::new(cached.expand()))
+    }
+
     /// Whether HPAs are watched (not idle, not being probed).
     pub fn hpas_watched(&self) -> bool {
         self.hpa_watch.demand() == Demand::Started
     }
 
-    fn key(obj: &DynamicObject) -> (String, String) {
+    fn key(obj: &impl Resource) -> (String, String) {
         (obj.namespace().unwrap_or_default(), obj.name_any())
     }
 
@@ -212,7 +225,7 @@ impl Context {
     }
 
     /// Counts one more consecutive failure of this App and returns the count.
-    pub fn count_failure(&self, obj: &DynamicObject) -> u32 {
+    pub fn count_failure(&self, obj: &impl Resource) -> u32 {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         let n = failures.entry(Self::key(obj)).or_insert(0);
         *n = n.saturating_add(1);
@@ -293,7 +306,7 @@ impl Context {
         }
     }
 
-    pub fn reset_failures(&self, obj: &DynamicObject) {
+    pub fn reset_failures(&self, obj: &impl Resource) {
         self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&Self::key(obj));
     }
 }

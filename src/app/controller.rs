@@ -24,7 +24,7 @@ use crate::api::names;
 use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
-use crate::watch_cache::{cache, cache_with, on_demand};
+use crate::watch_cache::{Compact, cache, cache_with, compact_cache, on_demand, slim_compact};
 
 /// Who serves a namespace, when sharded: the write fence of this replica's shards and the
 /// tenant the namespace belongs to.
@@ -82,9 +82,9 @@ pub struct ManagedStreams<D, H, S, C> {
 
 /// The watch streams of one controller's managed objects.
 pub type Streams = ManagedStreams<
-    std::pin::Pin<Box<dyn Stream<Item = Result<Deployment, watcher::Error>> + Send>>,
+    std::pin::Pin<Box<dyn Stream<Item = Result<Compact<Deployment>, watcher::Error>> + Send>>,
     std::pin::Pin<Box<dyn Stream<Item = Result<HorizontalPodAutoscaler, watcher::Error>> + Send>>,
-    std::pin::Pin<Box<dyn Stream<Item = Result<Service, watcher::Error>> + Send>>,
+    std::pin::Pin<Box<dyn Stream<Item = Result<Compact<Service>, watcher::Error>> + Send>>,
     std::pin::Pin<Box<dyn Stream<Item = Result<PartialObjectMeta<ConfigMap>, watcher::Error>> + Send>>,
 >;
 
@@ -94,8 +94,9 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let Shared { reporter, metrics, analyzer, slots, pod_policy } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector());
     // Deployments as projections: what the planner and the drift check read (`projection`).
+    // Both kept as text (`Compact`): a reconcile reads back the few it needs.
     let (deployments, deployments_synced, deployment_events) =
-        cache_with::<Deployment>(scope.api(&client), managed(), (), crate::app::projection::project_deployment);
+        compact_cache(scope.api::<Deployment>(&client), managed(), crate::app::projection::compact_deployment);
     let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
     // HPAs are watched once an App of the namespace autoscales, or when one is there at start
     // (an App whose autoscaling was turned off while no replica watched must still have its
@@ -105,7 +106,8 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         async move { any_managed(&api).await }.boxed()
     };
     let (hpa_watch, hpa_events) = on_demand(hpa_events, hpas_synced, Some(probe));
-    let (services, services_synced, service_events) = cache::<Service>(scope.api(&client), managed(), ());
+    let (services, services_synced, service_events) =
+        compact_cache(scope.api::<Service>(&client), managed(), slim_compact::<Service, Service>);
     // Every ConfigMap of the namespace, metadata only (kube asks the apiserver for
     // PartialObjectMetadata; the data of those an App names is read on change, see
     // `Context::config_states`): which ones an App reads is in its template, and a label
@@ -167,8 +169,7 @@ where
     }
 }
 
-/// The Apps of a scope, read as dynamic objects so that one malformed App cannot break the
-/// watch (and the cache) for all the others: each is parsed in its own reconcile.
+/// The Apps of a scope, read as dynamic objects (see `app_controller`).
 pub fn apps_api(client: &Client, scope: &Scope) -> Api<DynamicObject> {
     let app_resource = ApiResource::erase::<App>(&());
     match scope {
@@ -178,36 +179,25 @@ pub fn apps_api(client: &Client, scope: &Scope) -> Api<DynamicObject> {
 }
 
 /// The Apps of `config_map`'s namespace whose templates read it: those a change of it rolls.
-fn apps_reading(
-    apps: &Store<DynamicObject>,
-    app_resource: &ApiResource,
-    config_map: &PartialObjectMeta<ConfigMap>,
-) -> Vec<ObjectRef<DynamicObject>> {
+fn apps_reading(apps: &Store<Compact<App>>, config_map: &PartialObjectMeta<ConfigMap>) -> Vec<ObjectRef<Compact<App>>> {
     let (Some(namespace), Some(name)) = (config_map.metadata.namespace.as_deref(), config_map.metadata.name.as_deref())
     else {
         return Vec::new();
     };
-    // A tenant can touch a ConfigMap many times a second: an App whose template does not
-    // even mention the name is passed over without parsing it.
-    fn mentions(value: &serde_json::Value, name: &str) -> bool {
-        match value {
-            serde_json::Value::String(s) => s == name,
-            serde_json::Value::Array(items) => items.iter().any(|v| mentions(v, name)),
-            serde_json::Value::Object(map) => map.values().any(|v| mentions(v, name)),
-            _ => false,
-        }
-    }
+    // A tenant can touch a ConfigMap many times a second: an App whose JSON does not even
+    // hold the name as a string is passed over without parsing it.
+    let Ok(quoted) = serde_json::to_string(name) else { return Vec::new() };
     apps.state()
         .iter()
-        .filter(|app| app.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|app| app.meta().namespace.as_deref() == Some(namespace))
+        .filter(|app| app.json().contains(&quoted))
         .filter(|app| {
-            app.data
-                .pointer("/spec/template")
-                .filter(|t| mentions(t, name))
-                .and_then(|t| serde_json::from_value::<crate::api::template::PodTemplate>(t.clone()).ok())
+            app.parse()
+                .ok()
+                .and_then(|a| a.spec.template)
                 .is_some_and(|t| crate::app::config::config_maps_of(&t).contains(name))
         })
-        .map(|app| ObjectRef::from_obj_with(app.as_ref(), app_resource.clone()))
+        .map(|app| ObjectRef::from_obj(app.as_ref()))
         .collect()
 }
 
@@ -221,9 +211,10 @@ pub fn app_controller(
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> {
-    let app_resource = ApiResource::erase::<App>(&());
+    // Kept as text (`Compact`), watched as dynamic objects so that one malformed App cannot
+    // break the watch (and the cache) for all the others: each is parsed in its own reconcile.
     let (apps, apps_synced, app_events) =
-        cache::<DynamicObject>(apps_api(&client, &scope), watcher::Config::default(), app_resource.clone());
+        compact_cache(apps_api(&client, &scope), watcher::Config::default(), slim_compact::<App, DynamicObject>);
     let namespace = match &scope {
         Scope::All => String::new(),
         Scope::Namespace(ns) => ns.clone(),
@@ -231,11 +222,11 @@ pub fn app_controller(
     let registration = shared.metrics.app_index().register(&namespace, apps.clone());
     let (ctx, streams) = context(client, &scope, shared, served_by);
     let readers = apps.clone();
-    let controller = Controller::for_stream_with(app_events, apps, app_resource.clone())
+    let controller = Controller::for_stream(app_events, apps)
         .owns_stream(streams.deployments)
         .owns_stream(streams.hpas)
         .owns_stream(streams.services)
-        .watches_stream(streams.config_maps, move |cm| apps_reading(&readers, &app_resource, &cm))
+        .watches_stream(streams.config_maps, move |cm| apps_reading(&readers, &cm))
         .graceful_shutdown_on(shutdown);
     async move {
         // Dropped with this future: the namespace's Apps leave the per-App series.

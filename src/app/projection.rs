@@ -56,6 +56,12 @@ pub fn project_deployment(d: &mut Deployment) {
     }
 }
 
+/// `d` projected, as cached (`watch_cache::compact`).
+pub fn compact_deployment(mut d: Deployment) -> crate::watch_cache::Compact<Deployment> {
+    project_deployment(&mut d);
+    crate::watch_cache::Compact::of(d)
+}
+
 /// What the drift check reads of the main container. A `Container` is about 1.5 KB before
 /// any of its data, so a projection keeps these few fields, as the marker's value, instead.
 #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -274,6 +280,16 @@ mod tests {
         scaled.spec.as_mut().expect("spec").replicas = Some(1);
         let diffs = deployment_differences(&scaled, Some(&p));
         assert_eq!(diffs.iter().map(|d| d.field).collect::<Vec<_>>(), vec!["spec.replicas"]);
+    }
+
+    #[test]
+    fn a_projection_reads_back_from_the_cache_as_it_was_made() {
+        use crate::watch_cache::Compact;
+        let p = projected();
+        let cached = Compact::<Deployment>::of(p.clone());
+        assert_eq!(compact_deployment(full()).expand(), p);
+        assert_eq!(cached.expand(), p);
+        assert_eq!(deployment_differences(&full(), Some(&cached.expand())), vec![]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
@@ -33,6 +33,7 @@ use crate::api::template::MAX_TEMPLATE_BYTES;
 use crate::api::{App, AppPhase, RolloutResult};
 use crate::rollout::planner::{self, DRAIN, Input, Observed};
 use crate::rollout::workload::Workload;
+use crate::watch_cache::Compact;
 
 /// How often an App that is still converging is looked at even without a watch event.
 const PROGRESS_RECHECK: Duration = Duration::from_secs(30);
@@ -53,7 +54,7 @@ pub const CONTROLLER: &str = "app";
 
 /// Entry point for the controller: one span, metrics, and the failure counter reset.
 #[instrument(skip_all, fields(tenant = field::Empty, namespace = field::Empty, app = field::Empty, shard = field::Empty, result = field::Empty))]
-pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+pub async fn reconcile(obj: Arc<Compact<App>>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let span = Span::current();
     let namespace = obj.namespace().unwrap_or_default();
     if let Some(tenant) = &ctx.tenant {
@@ -77,15 +78,15 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
     ctx.metrics.reconciled(CONTROLLER, started.elapsed(), result.as_ref().err().map(ReconcileError::kind));
     span.record("result", if result.is_ok() { "ok" } else { "error" });
     if result.is_ok() {
-        ctx.reset_failures(&obj);
+        ctx.reset_failures(obj.as_ref());
     }
     result
 }
 
 /// Chooses when to retry a failed reconcile: conflicts at once, refusals with exponential
 /// backoff per App, invalid objects only when they change.
-pub fn error_policy(obj: Arc<DynamicObject>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
-    let failures = ctx.count_failure(&obj);
+pub fn error_policy(obj: Arc<Compact<App>>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+    let failures = ctx.count_failure(obj.as_ref());
     warn!(namespace = obj.namespace().unwrap_or_default(), app = obj.name_any(), error = %err, failures, "reconcile failed");
     match retry_delay(err.class(), failures.saturating_sub(1)) {
         Some(delay) => Action::requeue(delay),
@@ -94,26 +95,20 @@ pub fn error_policy(obj: Arc<DynamicObject>, err: &ReconcileError, ctx: Arc<Cont
 }
 
 async fn reconcile_app(
-    obj: &DynamicObject,
+    obj: &Compact<App>,
     ctx: &Context,
     slot: &mut Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Result<Action, ReconcileError> {
     let namespace = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
-    let mut app: App = match serde_json::to_value(obj).and_then(serde_json::from_value) {
+    let mut app: App = match obj.parse() {
         Ok(app) => app,
         Err(source) => {
             let writable = ctx.may_write(&namespace);
             let err = ReconcileError::InvalidApp { namespace, name, source };
             if writable {
-                ctx.publish(
-                    &obj.object_ref(&ctx.app_resource),
-                    EventType::Warning,
-                    "InvalidSpec",
-                    "Reconcile",
-                    err.to_string(),
-                )
-                .await;
+                ctx.publish(&obj.object_ref(&()), EventType::Warning, "InvalidSpec", "Reconcile", err.to_string())
+                    .await;
             }
             return Err(err);
         }
@@ -194,7 +189,7 @@ async fn reconcile_app(
     // Read: the App's objects from the caches. One that carries Flotilla's labels but is not
     // controlled by this App (another App's, or a hand-made one) is not planned from and
     // never written: see `claim`.
-    let get = |name: String| ctx.deployments.get(&ObjectRef::new(&name).within(&namespace));
+    let get = |name: String| ctx.deployment(&namespace, &name);
     let stable_cached = get(names::stable_deployment_name(&name));
     let canary_cached = get(names::canary_deployment_name(&name));
     let hpa_cached = ctx.hpas.get(&ObjectRef::new(&names::hpa_name(&name)).within(&namespace));
@@ -810,7 +805,7 @@ async fn reconcile_service(
     let namespace = &id.namespace;
     let name = wanted.metadata.name.clone().unwrap_or_default();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut observed = ctx.services.get(&ObjectRef::new(&name).within(namespace));
+    let mut observed = ctx.service(namespace, &name);
     if ctx.service_cache_behind(namespace, &name, observed.as_deref()) {
         observed = api
             .get_opt(&name)
@@ -848,7 +843,7 @@ async fn reconcile_service(
 /// Service of that name that is not the App's is left alone).
 async fn remove_service(id: &AppIdentity, ctx: &Context, name: String, what: &str) -> Result<(), ReconcileError> {
     let namespace = &id.namespace;
-    let Some(observed) = ctx.services.get(&ObjectRef::new(&name).within(namespace)) else {
+    let Some(observed) = ctx.service(namespace, &name) else {
         return Ok(());
     };
     if !controlled_by_app(observed.as_ref(), id) {

@@ -3,7 +3,7 @@
 //! kube-state-metrics does: nothing to forget when an App is deleted or a namespace moves to
 //! another replica, because its cache goes with it.
 
-use kube::api::DynamicObject;
+use kube::Resource;
 use kube::runtime::reflector::Store;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -11,10 +11,11 @@ use prometheus::{GaugeVec, IntGaugeVec, Opts};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use crate::api::{AppPhase, AppStatus};
+use crate::api::{App, AppPhase, AppStatus};
+use crate::watch_cache::Compact;
 
 /// A namespace's App cache, and when it was registered.
-type Registered = (Store<DynamicObject>, std::time::Instant);
+type Registered = (Store<Compact<App>>, std::time::Instant);
 
 /// The App caches of the namespaces served here, by namespace.
 #[derive(Clone, Default)]
@@ -38,7 +39,7 @@ impl Drop for Registration {
 impl AppIndex {
     /// Adds the App cache of `namespace` (`""` for a cluster-wide cache) until the returned
     /// registration is dropped.
-    pub fn register(&self, namespace: &str, store: Store<DynamicObject>) -> Registration {
+    pub fn register(&self, namespace: &str, store: Store<Compact<App>>) -> Registration {
         self.stores
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -70,14 +71,18 @@ impl AppIndex {
         let mut out = Vec::new();
         for (store, _) in stores.values() {
             for obj in store.state() {
-                let status = obj
-                    .data
-                    .get("status")
-                    .cloned()
+                /// What a scrape reads of an App: its status, which may not parse (then none).
+                #[derive(serde::Deserialize)]
+                struct StatusOf {
+                    status: Option<serde_json::Value>,
+                }
+                let status = serde_json::from_str::<StatusOf>(obj.json())
+                    .ok()
+                    .and_then(|o| o.status)
                     .and_then(|s| serde_json::from_value::<AppStatus>(s).ok())
                     .unwrap_or_default();
-                let ns = obj.metadata.namespace.clone().unwrap_or_default();
-                let name = obj.metadata.name.clone().unwrap_or_default();
+                let ns = obj.meta().namespace.clone().unwrap_or_default();
+                let name = obj.meta().name.clone().unwrap_or_default();
                 out.push((ns, name, status));
             }
         }
