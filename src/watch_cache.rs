@@ -50,7 +50,27 @@ pub fn cache_with<K>(
     config: watcher::Config,
     dyntype: K::DynamicType,
     modify: fn(&mut K),
-) -> (Store<K>, watch::Receiver<bool>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+) -> (Store<K>, watch::Receiver<bool>, WatchStream<K>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let (reader, synced, make) = cache_unmade(api, config, dyntype, modify);
+    (reader, synced, make())
+}
+
+/// A watch stream, boxed.
+pub type WatchStream<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
+
+/// Like `cache_with`, with the stream not made yet: the third part makes it. A watch stream
+/// takes about 4.7 KB before it has read anything (its requests' futures are inline), so a
+/// cache watched on demand (`on_demand`) makes its stream only once started.
+pub fn cache_unmade<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    dyntype: K::DynamicType,
+    modify: fn(&mut K),
+) -> (Store<K>, watch::Receiver<bool>, impl FnOnce() -> WatchStream<K> + Send + 'static)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
@@ -58,19 +78,23 @@ where
     let writer = reflector::store::Writer::new(dyntype);
     let reader = writer.as_reader();
     let (synced_tx, synced_rx) = synced_flag();
-    let stream = watcher(api, config)
-        .default_backoff()
-        .modify(modify)
-        .reflect(writer)
-        // After `reflect`: the store swaps in the initial list when it sees InitDone, so only
-        // now does the cache hold it. Flagging earlier let a reconcile read an empty cache.
-        .inspect(move |event| {
-            if let Ok(watcher::Event::InitDone) = event {
-                synced_tx.send_replace(true);
-            }
-        })
-        .touched_objects();
-    (reader, synced_rx, stream)
+    let make = move || {
+        watcher(api, config)
+            .default_backoff()
+            .modify(modify)
+            .reflect(writer)
+            // After `reflect`: the store swaps in the initial list when it sees InitDone, so
+            // only now does the cache hold it. Flagging earlier let a reconcile read an empty
+            // cache.
+            .inspect(move |event| {
+                if let Ok(watcher::Event::InitDone) = event {
+                    synced_tx.send_replace(true);
+                }
+            })
+            .touched_objects()
+            .boxed()
+    };
+    (reader, synced_rx, make)
 }
 
 /// Like `cache_with`, the objects kept as text (`compact`): each object watched as `W` is kept
@@ -181,11 +205,11 @@ impl OnDemand {
     }
 }
 
-/// Makes a cache's watch stream wait until its `OnDemand` is started. With a `probe`, the
-/// cache starts `Unknown` and the stream, once polled, first runs the probe and settles on
-/// what it found (`settle`); without one it starts `Idle`.
+/// Makes a cache's watch stream wait until its `OnDemand` is started, and only then makes it
+/// (`make`). With a `probe`, the cache starts `Unknown` and the stream, once polled, first runs
+/// the probe and settles on what it found (`settle`); without one it starts `Idle`.
 pub fn on_demand<K>(
-    stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    make: impl FnOnce() -> WatchStream<K> + Send + 'static,
     synced: watch::Receiver<bool>,
     probe: Option<futures::future::BoxFuture<'static, bool>>,
 ) -> (OnDemand, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
@@ -194,17 +218,18 @@ where
 {
     let initial = if probe.is_some() { Demand::Unknown } else { Demand::Idle };
     let lazy = OnDemand { demand: std::sync::Arc::new(watch::channel(initial).0), synced };
-    let gate = {
+    let gated = {
         let lazy = lazy.clone();
         futures::stream::once(async move {
             if let Some(probe) = probe {
                 lazy.settle(probe.await);
             }
             let _ = lazy.demand.subscribe().wait_for(|d| *d == Demand::Started).await;
+            make()
         })
-        .filter_map(|()| futures::future::ready(None))
+        .flatten()
     };
-    (lazy, gate.chain(stream))
+    (lazy, gated)
 }
 
 #[cfg(test)]
@@ -218,8 +243,30 @@ mod tests {
         use futures::FutureExt;
         let (synced_tx, synced_rx) = synced_flag();
         let probe = probed.then(|| futures::future::pending::<bool>().boxed());
-        let (lazy, stream) = on_demand(futures::stream::iter([Ok(7u32)]), synced_rx, probe);
+        let (lazy, stream) = on_demand(|| futures::stream::iter([Ok(7u32)]).boxed(), synced_rx, probe);
         (lazy, synced_tx, stream)
+    }
+
+    #[tokio::test]
+    async fn the_stream_is_made_only_once_started() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let made = Arc::new(AtomicBool::new(false));
+        let make = {
+            let made = made.clone();
+            move || {
+                made.store(true, Ordering::SeqCst);
+                futures::stream::iter([Ok(7u32)]).boxed()
+            }
+        };
+        let (_synced_tx, synced_rx) = synced_flag();
+        let (lazy, stream) = on_demand(make, synced_rx, None);
+        let mut stream = Box::pin(stream);
+        assert!(!yields(&mut stream).await);
+        assert!(!made.load(Ordering::SeqCst), "an idle cache's stream costs nothing yet");
+        lazy.start();
+        assert!(yields(&mut stream).await, "a started watch runs");
+        assert!(made.load(Ordering::SeqCst));
     }
 
     async fn yields(stream: &mut (impl Stream<Item = Result<u32, watcher::Error>> + Unpin)) -> bool {

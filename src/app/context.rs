@@ -151,15 +151,13 @@ impl Context {
     }
 
     /// The cached Deployment `name` of `namespace` (a projection: see `projection`).
-    pub fn deployment(&self, namespace: &str, name: &str) -> Option<Arc<Deployment>> {
-        let cached = self.deployments.get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))?;
-        Some(Arc::new(cached.expand()))
+    pub fn deployment(&self, namespace: &str, name: &str) -> Result<Option<Arc<Deployment>>, serde_json::Error> {
+        read_back(&self.deployments, namespace, name)
     }
 
     /// The cached Service `name` of `namespace`.
-    pub fn service(&self, namespace: &str, name: &str) -> Option<Arc<Service>> {
-        let cached = self.services.get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))?;
-        Some(Arc::new(cached.expand()))
+    pub fn service(&self, namespace: &str, name: &str) -> Result<Option<Arc<Service>>, serde_json::Error> {
+        read_back(&self.services, namespace, name)
     }
 
     /// Whether HPAs are watched (not idle, not being probed).
@@ -309,6 +307,17 @@ impl Context {
     pub fn reset_failures(&self, obj: &impl Resource) {
         self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&Self::key(obj));
     }
+}
+
+/// The object `name` of `namespace` in `cache`, parsed back. An entry that does not parse
+/// (none should: each was written from the same type) is an error, which fails the reconcile
+/// (`ReconcileError::unreadable`): planning from a part of the object could write over the rest.
+fn read_back<K>(cache: &Store<Compact<K>>, namespace: &str, name: &str) -> Result<Option<Arc<K>>, serde_json::Error>
+where
+    K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+{
+    let key = kube::runtime::reflector::ObjectRef::new(name).within(namespace);
+    cache.get(&key).map(|cached| cached.parse().map(Arc::new)).transpose()
 }
 
 /// A status's fingerprint: a keyed hash (SipHash, with a key drawn once per process, so that

@@ -24,7 +24,7 @@ use crate::api::names;
 use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
-use crate::watch_cache::{Compact, cache, cache_with, compact_cache, on_demand, slim_compact};
+use crate::watch_cache::{Compact, cache_unmade, compact_cache, on_demand, slim, slim_compact};
 
 /// Who serves a namespace, when sharded: the write fence of this replica's shards and the
 /// tenant the namespace belongs to.
@@ -97,7 +97,8 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     // Both kept as text (`Compact`): a reconcile reads back the few it needs.
     let (deployments, deployments_synced, deployment_events) =
         compact_cache(scope.api::<Deployment>(&client), managed(), crate::app::projection::compact_deployment);
-    let (hpas, hpas_synced, hpa_events) = cache::<HorizontalPodAutoscaler>(scope.api(&client), managed(), ());
+    let (hpas, hpas_synced, make_hpa_events) =
+        cache_unmade::<HorizontalPodAutoscaler>(scope.api(&client), managed(), (), slim::<HorizontalPodAutoscaler>);
     // HPAs are watched once an App of the namespace autoscales, or when one is there at start
     // (an App whose autoscaling was turned off while no replica watched must still have its
     // HPA deleted). Looking costs one list of at most one object's metadata.
@@ -105,7 +106,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         let api = scope.api::<HorizontalPodAutoscaler>(&client);
         async move { any_managed(&api).await }.boxed()
     };
-    let (hpa_watch, hpa_events) = on_demand(hpa_events, hpas_synced, Some(probe));
+    let (hpa_watch, hpa_events) = on_demand(make_hpa_events, hpas_synced, Some(probe));
     let (services, services_synced, service_events) =
         compact_cache(scope.api::<Service>(&client), managed(), slim_compact::<Service, Service>);
     // Every ConfigMap of the namespace, metadata only (kube asks the apiserver for
@@ -116,13 +117,13 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     // Only a name, a resourceVersion and the opt-out annotation are kept: a tenant's
     // ConfigMap may carry 256 KiB of annotations, and there may be thousands. Lists come
     // in pages of 100, so that one page of such metadata stays small too.
-    let (config_maps, config_maps_synced, config_map_events) = cache_with::<PartialObjectMeta<ConfigMap>>(
+    let (config_maps, config_maps_synced, make_config_map_events) = cache_unmade::<PartialObjectMeta<ConfigMap>>(
         scope.api(&client),
         watcher::Config::default().page_size(100),
         (),
         crate::app::config::slim_config_map,
     );
-    let (config_map_watch, config_map_events) = on_demand(config_map_events, config_maps_synced, None);
+    let (config_map_watch, config_map_events) = on_demand(make_config_map_events, config_maps_synced, None);
     let recorder = Recorder::new(client.clone(), reporter);
     let app_resource = ApiResource::erase::<App>(&());
     let caches = Caches {
@@ -178,6 +179,18 @@ pub fn apps_api(client: &Client, scope: &Scope) -> Api<DynamicObject> {
     }
 }
 
+/// What `apps_reading` parses of an App's JSON: the pod template only.
+#[derive(serde::Deserialize)]
+struct TemplateOf {
+    spec: TemplateSpecOf,
+}
+
+#[derive(serde::Deserialize)]
+struct TemplateSpecOf {
+    #[serde(default)]
+    template: Option<crate::api::template::PodTemplate>,
+}
+
 /// The Apps of `config_map`'s namespace whose templates read it: those a change of it rolls.
 fn apps_reading(apps: &Store<Compact<App>>, config_map: &PartialObjectMeta<ConfigMap>) -> Vec<ObjectRef<Compact<App>>> {
     let (Some(namespace), Some(name)) = (config_map.metadata.namespace.as_deref(), config_map.metadata.name.as_deref())
@@ -192,7 +205,7 @@ fn apps_reading(apps: &Store<Compact<App>>, config_map: &PartialObjectMeta<Confi
         .filter(|app| app.meta().namespace.as_deref() == Some(namespace))
         .filter(|app| app.json().contains(&quoted))
         .filter(|app| {
-            app.parse()
+            serde_json::from_str::<TemplateOf>(app.json())
                 .ok()
                 .and_then(|a| a.spec.template)
                 .is_some_and(|t| crate::app::config::config_maps_of(&t).contains(name))
@@ -248,5 +261,55 @@ pub fn app_controller(
             })
             .await;
         info!("App controller stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector::store::Writer;
+
+    fn cached(name: &str, namespace: &str, template: serde_json::Value) -> Compact<App> {
+        let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+            "metadata": {"name": name, "namespace": namespace, "uid": name,
+                "annotations": {"mentions": "settings"}},
+            "spec": {"image": "registry.example.com/web", "version": "1", "template": template}
+        }))
+        .expect("an App");
+        Compact::of(obj)
+    }
+
+    #[test]
+    fn a_config_map_change_rolls_only_the_apps_whose_templates_read_it() {
+        let mut writer = Writer::<Compact<App>>::default();
+        let reads = serde_json::json!({"spec": {"containers": [{"name": "app",
+            "envFrom": [{"configMapRef": {"name": "settings"}}]}]}});
+        let volume = serde_json::json!({"spec": {"containers": [{"name": "app"}],
+            "volumes": [{"name": "v", "configMap": {"name": "settings"}}]}});
+        // Names it only where pods do not read it (a container's name, an annotation).
+        let named = serde_json::json!({"spec": {"containers": [{"name": "settings", "image": "x"}, {"name": "app"}]}});
+        for app in [
+            cached("env", "shop", reads.clone()),
+            cached("volume", "shop", volume),
+            cached("named", "shop", named),
+            cached("elsewhere", "other", reads),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(app));
+        }
+        let store = writer.as_reader();
+        let config_map = |name: &str| PartialObjectMeta::<ConfigMap> {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("shop".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut rolled: Vec<String> =
+            apps_reading(&store, &config_map("settings")).into_iter().map(|r| r.name).collect();
+        rolled.sort();
+        assert_eq!(rolled, ["env", "volume"]);
+        assert!(apps_reading(&store, &config_map("other")).is_empty());
     }
 }

@@ -129,6 +129,17 @@ pub enum ErrorClass {
 }
 
 impl ReconcileError {
+    /// A cached object that did not parse back (`Context::deployment`): read as a failed read,
+    /// so that the reconcile stops and is retried.
+    pub fn unreadable(kind: &'static str, namespace: &str, name: &str, source: serde_json::Error) -> Self {
+        Self::Read {
+            kind,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            source: kube::Error::SerdeError(source),
+        }
+    }
+
     fn source_error(&self) -> Option<&kube::Error> {
         match self {
             Self::Apply { source, .. }

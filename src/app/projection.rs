@@ -287,9 +287,10 @@ mod tests {
         use crate::watch_cache::Compact;
         let p = projected();
         let cached = Compact::<Deployment>::of(p.clone());
-        assert_eq!(compact_deployment(full()).expand(), p);
-        assert_eq!(cached.expand(), p);
-        assert_eq!(deployment_differences(&full(), Some(&cached.expand())), vec![]);
+        assert_eq!(compact_deployment(full()).parse().expect("parses"), p);
+        let read = cached.parse().expect("parses");
+        assert_eq!(read, p);
+        assert_eq!(deployment_differences(&full(), Some(&read)), vec![]);
     }
 
     #[test]

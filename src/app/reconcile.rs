@@ -189,9 +189,13 @@ async fn reconcile_app(
     // Read: the App's objects from the caches. One that carries Flotilla's labels but is not
     // controlled by this App (another App's, or a hand-made one) is not planned from and
     // never written: see `claim`.
-    let get = |name: String| ctx.deployment(&namespace, &name);
-    let stable_cached = get(names::stable_deployment_name(&name));
-    let canary_cached = get(names::canary_deployment_name(&name));
+    let (stable_name, canary_name) = (names::stable_deployment_name(&name), names::canary_deployment_name(&name));
+    let stable_cached = ctx
+        .deployment(&namespace, &stable_name)
+        .map_err(|e| ReconcileError::unreadable("Deployment", &namespace, &stable_name, e))?;
+    let canary_cached = ctx
+        .deployment(&namespace, &canary_name)
+        .map_err(|e| ReconcileError::unreadable("Deployment", &namespace, &canary_name, e))?;
     let hpa_cached = ctx.hpas.get(&ObjectRef::new(&names::hpa_name(&name)).within(&namespace));
     let stable = stable_cached.clone().filter(|d| controlled_by_app(d.as_ref(), &id));
     let canary = canary_cached.clone().filter(|d| controlled_by_app(d.as_ref(), &id));
@@ -805,7 +809,8 @@ async fn reconcile_service(
     let namespace = &id.namespace;
     let name = wanted.metadata.name.clone().unwrap_or_default();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut observed = ctx.service(namespace, &name);
+    let unreadable = |e| ReconcileError::unreadable("Service", namespace, &name, e);
+    let mut observed = ctx.service(namespace, &name).map_err(unreadable)?;
     if ctx.service_cache_behind(namespace, &name, observed.as_deref()) {
         observed = api
             .get_opt(&name)
@@ -843,7 +848,9 @@ async fn reconcile_service(
 /// Service of that name that is not the App's is left alone).
 async fn remove_service(id: &AppIdentity, ctx: &Context, name: String, what: &str) -> Result<(), ReconcileError> {
     let namespace = &id.namespace;
-    let Some(observed) = ctx.service(namespace, &name) else {
+    let observed =
+        ctx.service(namespace, &name).map_err(|e| ReconcileError::unreadable("Service", namespace, &name, e))?;
+    let Some(observed) = observed else {
         return Ok(());
     };
     if !controlled_by_app(observed.as_ref(), id) {

@@ -67,26 +67,27 @@ impl AppIndex {
 
     /// Every served App's (namespace, name, status).
     fn statuses(&self) -> Vec<(String, String, AppStatus)> {
-        let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
-        let mut out = Vec::new();
-        for (store, _) in stores.values() {
-            for obj in store.state() {
-                /// What a scrape reads of an App: its status, which may not parse (then none).
-                #[derive(serde::Deserialize)]
-                struct StatusOf {
-                    status: Option<serde_json::Value>,
-                }
-                let status = serde_json::from_str::<StatusOf>(obj.json())
-                    .ok()
-                    .and_then(|o| o.status)
-                    .and_then(|s| serde_json::from_value::<AppStatus>(s).ok())
-                    .unwrap_or_default();
+        /// What a scrape parses of an App's JSON: its status (none when it does not parse).
+        #[derive(serde::Deserialize)]
+        struct StatusOf {
+            #[serde(default)]
+            status: Option<AppStatus>,
+        }
+        // Taken under the lock, parsed after it: a scrape of many large Apps must not hold up
+        // a namespace's controller as it starts or stops (both take the lock to write).
+        let apps: Vec<_> = {
+            let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
+            stores.values().flat_map(|(store, _)| store.state()).collect()
+        };
+        apps.iter()
+            .map(|obj| {
+                let status =
+                    serde_json::from_str::<StatusOf>(obj.json()).ok().and_then(|o| o.status).unwrap_or_default();
                 let ns = obj.meta().namespace.clone().unwrap_or_default();
                 let name = obj.meta().name.clone().unwrap_or_default();
-                out.push((ns, name, status));
-            }
-        }
-        out
+                (ns, name, status)
+            })
+            .collect()
     }
 }
 

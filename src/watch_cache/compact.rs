@@ -5,7 +5,7 @@
 //! field inline, and each of their strings and maps a heap block of its own: the caches'
 //! entries were a fifth of a replica's heap at a third of 10,000 Apps (`bench/heap.sh`). As
 //! text, an entry is its metadata and one block of about the size of its JSON. A reconcile
-//! that reads an object parses it back (`expand`), a few microseconds for a projected
+//! that reads an object parses it back (`parse`), a few microseconds for a projected
 //! Deployment, and drops it when done.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -42,8 +42,9 @@ impl<K> fmt::Debug for Compact<K> {
     }
 }
 
-/// Read as any object of the kind (`of` a `DynamicObject`): the controller's bound for the
-/// objects it reconciles.
+/// Read as any object (`of` a `DynamicObject`, nothing dropped, the kind not checked): only
+/// there because kube-runtime's `Controller` asks it of the objects it reconciles. The caches
+/// are filled by `watch_cache::compact_cache`, never through this.
 impl<'de, K> Deserialize<'de> for Compact<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         DynamicObject::deserialize(deserializer).map(Compact::of)
@@ -90,18 +91,24 @@ impl<K> Compact<K> {
             owner_references: m.owner_references.take(),
             ..ObjectMeta::default()
         };
-        // An object read from the apiserver always serializes; were one not to, it reads back
-        // as its metadata alone, which differs from anything wanted (never a silent match).
+        // An object read from the apiserver always serializes. Were one not to, its text would
+        // be empty, which `parse` refuses: a reader fails rather than act on half an object.
         let rest = serde_json::to_string(&obj).unwrap_or_default().into_boxed_str();
         Self { metadata, rest, kind: PhantomData }
     }
 
-    /// The object as it was cached, parsed as `K`: an error when it is not a valid `K`.
+    /// The object as it was cached, parsed as `K`: an error when it is not a valid `K` (an App
+    /// a tenant wrote wrong; never an object cached from `K` itself).
     pub fn parse(&self) -> Result<K, serde_json::Error>
     where
         K: Resource + DeserializeOwned,
     {
-        let mut obj: K = serde_json::from_str(&self.rest)?;
+        let mut obj: K = match serde_json::from_str(&self.rest) {
+            Ok(obj) => obj,
+            // Parsed again as a value, for the error only: its message then names the field,
+            // not a column of this text, which is not what the object's writer sent.
+            Err(_) => serde_json::from_str::<serde_json::Value>(&self.rest).and_then(serde_json::from_value)?,
+        };
         let m = obj.meta_mut();
         m.name.clone_from(&self.metadata.name);
         m.namespace.clone_from(&self.metadata.namespace);
@@ -109,20 +116,6 @@ impl<K> Compact<K> {
         m.resource_version.clone_from(&self.metadata.resource_version);
         m.owner_references.clone_from(&self.metadata.owner_references);
         Ok(obj)
-    }
-
-    /// The object as it was cached, for kinds that always parse (those cached from `K`
-    /// itself, see `of`).
-    pub fn expand(&self) -> K
-    where
-        K: Resource + DeserializeOwned + Default,
-    {
-        self.parse().unwrap_or_else(|e| {
-            tracing::warn!(error = %e, name = ?self.metadata.name, "a cached object could not be read back");
-            let mut obj = K::default();
-            *obj.meta_mut() = self.metadata.clone();
-            obj
-        })
     }
 
     /// The JSON the entry holds beside its metadata.
@@ -153,12 +146,75 @@ mod tests {
     fn an_object_reads_back_as_it_was_cached() {
         let s = service();
         let c = Compact::<Service>::of(s.clone());
-        assert_eq!(c.expand(), s);
+        assert_eq!(c.parse().expect("parses"), s);
         assert_eq!(c.meta().name.as_deref(), Some("web"));
         assert_eq!(c.meta().owner_references, s.metadata.owner_references, "the controller maps owners from these");
         assert!(c.meta().labels.is_none(), "kept once, in the text");
         assert_eq!(<Compact<Service> as Resource>::kind(&()), "Service");
         assert_eq!(<Compact<Service> as Resource>::plural(&()), "services");
+    }
+
+    /// An App as a watch of dynamic objects delivers it.
+    fn app(spec: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "app-uid", "resourceVersion": "7",
+                "generation": 4, "labels": {"team": "a"}, "annotations": {"note": "n"},
+                "finalizers": ["x/y"], "deletionTimestamp": "2026-12-01T10:00:00Z",
+                "creationTimestamp": "2026-12-01T09:00:00Z"},
+            "spec": spec,
+            "status": {"currentVersion": "1", "observedGeneration": 3}
+        }))
+        .expect("an App")
+    }
+
+    #[test]
+    fn an_app_watched_as_a_dynamic_object_reads_back_whole() {
+        use crate::api::App;
+        let c = Compact::<App>::of(app(serde_json::json!({"image": "registry.example.com/web", "version": "2"})));
+        let a = c.parse().expect("a valid App");
+        let m = &a.metadata;
+        assert_eq!(
+            (m.name.as_deref(), m.namespace.as_deref(), m.uid.as_deref()),
+            (Some("web"), Some("shop"), Some("app-uid"))
+        );
+        assert_eq!((m.resource_version.as_deref(), m.generation), (Some("7"), Some(4)));
+        assert_eq!(m.labels.as_ref().and_then(|l| l.get("team")).map(String::as_str), Some("a"));
+        assert_eq!(m.annotations.as_ref().and_then(|l| l.get("note")).map(String::as_str), Some("n"));
+        assert_eq!(m.finalizers.as_deref(), Some(&["x/y".to_string()][..]));
+        assert!(m.deletion_timestamp.is_some() && m.creation_timestamp.is_some());
+        assert_eq!(a.spec.version, "2");
+        assert_eq!(a.status.as_ref().and_then(|s| s.current_version.as_deref()), Some("1"));
+    }
+
+    #[test]
+    fn a_malformed_app_is_an_error_that_names_no_column_of_the_cached_text() {
+        use crate::api::App;
+        let c = Compact::<App>::of(app(
+            serde_json::json!({"image": "registry.example.com/web", "version": "2", "replicas": "three"}),
+        ));
+        let e = c.parse().expect_err("replicas is not a number").to_string();
+        assert!(e.contains("three") && !e.contains("column"), "{e}");
+        // Text that is not even JSON (never written, but refused all the same).
+        let empty = Compact::<Service> { metadata: ObjectMeta::default(), rest: "".into(), kind: PhantomData };
+        assert!(empty.parse().is_err(), "half an object is never read back");
+    }
+
+    #[test]
+    fn an_owned_object_maps_to_the_key_of_its_cached_app() {
+        use crate::api::App;
+        use kube::runtime::reflector::ObjectRef;
+        // What the controller does with a Deployment's (or Service's) event: its owners, in its
+        // namespace, as keys of the App cache.
+        let cached_app = Compact::<App>::of(app(serde_json::json!({"image": "i", "version": "1"})));
+        let owned = Compact::<Service>::of(service());
+        let owner = owned.meta().owner_references.as_ref().and_then(|o| o.first()).expect("an owner");
+        let mut owner = owner.clone();
+        owner.name = "web".into();
+        let key = ObjectRef::<Compact<App>>::from_owner_ref(owned.meta().namespace.as_deref(), &owner, ());
+        assert_eq!(key, Some(ObjectRef::from_obj(&cached_app)));
+        owner.kind = "Rollout".into();
+        assert_eq!(ObjectRef::<Compact<App>>::from_owner_ref(Some("shop"), &owner, ()), None, "another kind's");
     }
 
     #[test]
