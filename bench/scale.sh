@@ -8,6 +8,7 @@
 #   bash bench/scale.sh [--with-argo] [NAMESPACES] [APPS]      default 1000 namespaces, 10000 Apps
 #   FLOTILLA_BENCH_IDLE=600 FLOTILLA_BENCH_CHANGES=50 FLOTILLA_BENCH_REPLICAS_PER_APP=0 bash bench/scale.sh 100 1000
 #   FLOTILLA_BENCH_OPERATOR_REPLICAS=5 bash bench/scale.sh 100 1000     replicas of the operator (default 3)
+#   FLOTILLA_BENCH_BIN=path      another build of the replica to run (default: the release build)
 #
 # Measured:
 # - baseline: time for a bare client (kubectl, 8 in parallel) to create what the operator
@@ -112,9 +113,11 @@ for (who, verb, what), n in counts.most_common():
 print(f"| all | | | {total / objects:.2f} |")
 ' "$3" "$4"
 }
-echo ">> release build"
-cargo build --locked --release --bin flotilla 2>&1 | tail -1
-BIN=$CARGO_TARGET_DIR/release/flotilla
+if [ -z "${FLOTILLA_BENCH_BIN:-}" ]; then
+  echo ">> release build"
+  cargo build --locked --release --bin flotilla 2>&1 | tail -1
+fi
+BIN=${FLOTILLA_BENCH_BIN:-$CARGO_TARGET_DIR/release/flotilla}
 PIDS=()
 SAMPLER=
 cleanup() {

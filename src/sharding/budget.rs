@@ -1,6 +1,8 @@
 //! How many shards a replica may still take without outgrowing its memory. A replica's memory
-//! grows with the Apps it serves: bench/scale.sh measured 200-229 MiB of RSS at 3,333 Apps
-//! per replica, 49-58 KiB per App over about 40 MiB at rest (docs/measurements.md). When one of three
+//! grows with the Apps it serves: bench/replica_memory.sh measured 86 MiB of RSS at 3,333 Apps
+//! in 333 namespaces, 44 MiB with no App and about 12.9 KiB per App of the smallest kind
+//! (docs/measurements.md). `PER_APP_BYTES` stays at 64 KiB: a cached App holds its template
+//! (up to 64 KiB) and its status a copy of the stable one. When one of three
 //! replicas dies, each survivor would take half of its load; with a limit sized for a third
 //! of the Apps, that OOM-kills the survivors one after the other. With a budget, a replica
 //! stops taking shards when the Apps it serves fill it, and leaves the rest unowned (counted
