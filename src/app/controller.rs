@@ -210,6 +210,9 @@ fn apps_reading(apps: &Store<Compact<App>>, config_map: &PartialObjectMeta<Confi
                 .and_then(|a| a.spec.template)
                 .is_some_and(|t| crate::app::config::config_maps_of(&t).contains(name))
         })
+        // An App that does not parse waits for a change of its own: rolled by a ConfigMap, its
+        // reconcile would only report it again (a Warning Event per change of the ConfigMap).
+        .filter(|app| app.parse().is_ok())
         .map(|app| ObjectRef::from_obj(app.as_ref()))
         .collect()
 }
@@ -270,11 +273,14 @@ mod tests {
     use kube::runtime::reflector::store::Writer;
 
     fn cached(name: &str, namespace: &str, template: serde_json::Value) -> Compact<App> {
+        // "replicas": an App that is invalid elsewhere than in its template.
+        let replicas = if name == "invalid" { serde_json::json!("three") } else { serde_json::json!(1) };
         let obj: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
             "metadata": {"name": name, "namespace": namespace, "uid": name,
                 "annotations": {"mentions": "settings"}},
-            "spec": {"image": "registry.example.com/web", "version": "1", "template": template}
+            "spec": {"image": "registry.example.com/web", "version": "1", "replicas": replicas,
+                "template": template}
         }))
         .expect("an App");
         Compact::of(obj)
@@ -293,7 +299,8 @@ mod tests {
             cached("env", "shop", reads.clone()),
             cached("volume", "shop", volume),
             cached("named", "shop", named),
-            cached("elsewhere", "other", reads),
+            cached("elsewhere", "other", reads.clone()),
+            cached("invalid", "shop", reads),
         ] {
             writer.apply_watcher_event(&watcher::Event::Apply(app));
         }

@@ -49,6 +49,14 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    #[error("the cached {kind} {namespace}/{name} could not be read back ({source}); nothing was written")]
+    CacheUnreadable {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("deleting {kind} {namespace}/{name}: {}", brief(.source))]
     Delete {
         kind: &'static str,
@@ -129,15 +137,10 @@ pub enum ErrorClass {
 }
 
 impl ReconcileError {
-    /// A cached object that did not parse back (`Context::deployment`): read as a failed read,
-    /// so that the reconcile stops and is retried.
+    /// A cached object that did not parse back (`Context::deployment`): the reconcile stops
+    /// before any write and is retried with backoff (`Transient`).
     pub fn unreadable(kind: &'static str, namespace: &str, name: &str, source: serde_json::Error) -> Self {
-        Self::Read {
-            kind,
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            source: kube::Error::SerdeError(source),
-        }
+        Self::CacheUnreadable { kind, namespace: namespace.to_string(), name: name.to_string(), source }
     }
 
     fn source_error(&self) -> Option<&kube::Error> {
@@ -231,6 +234,14 @@ pub fn retry_delay(class: ErrorClass, failures: u32) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreadable_cache_entry_is_retried_and_named() {
+        let source = serde_json::from_str::<u32>("x").expect_err("not a number");
+        let err = ReconcileError::unreadable("Deployment", "shop", "web", source);
+        assert_eq!(err.class(), ErrorClass::Transient, "retried with backoff, never waited on forever");
+        assert!(err.to_string().contains("cached Deployment shop/web"), "{err}");
+    }
 
     #[test]
     fn backoff_grows_and_caps() {

@@ -105,9 +105,12 @@ impl<K> Compact<K> {
     {
         let mut obj: K = match serde_json::from_str(&self.rest) {
             Ok(obj) => obj,
-            // Parsed again as a value, for the error only: its message then names the field,
-            // not a column of this text, which is not what the object's writer sent.
-            Err(_) => serde_json::from_str::<serde_json::Value>(&self.rest).and_then(serde_json::from_value)?,
+            // Parsed again as a value, for the error only: its message then names no column of
+            // this text, which is not the text the object's writer sent.
+            Err(e) => {
+                let again = serde_json::from_str::<serde_json::Value>(&self.rest).and_then(serde_json::from_value::<K>);
+                return Err(again.err().unwrap_or(e));
+            }
         };
         let m = obj.meta_mut();
         m.name.clone_from(&self.metadata.name);
