@@ -78,23 +78,31 @@ where
     let writer = reflector::store::Writer::new(dyntype);
     let reader = writer.as_reader();
     let (synced_tx, synced_rx) = synced_flag();
-    let make = move || {
-        watcher(api, config)
-            .default_backoff()
-            .modify(modify)
-            .reflect(writer)
-            // After `reflect`: the store swaps in the initial list when it sees InitDone, so
-            // only now does the cache hold it. Flagging earlier let a reconcile read an empty
-            // cache.
-            .inspect(move |event| {
-                if let Ok(watcher::Event::InitDone) = event {
-                    synced_tx.send_replace(true);
-                }
-            })
-            .touched_objects()
-            .boxed()
-    };
+    let make = move || fill(watcher(api, config).default_backoff().modify(modify), writer, synced_tx).boxed();
     (reader, synced_rx, make)
+}
+
+/// The stream that fills a cache from `events`: each event goes into `writer`'s store, and
+/// `synced` turns true once the store holds the first full list.
+fn fill<K>(
+    events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+    writer: reflector::store::Writer<K>,
+    synced: watch::Sender<bool>,
+) -> impl Stream<Item = watcher::Result<K>> + Send + 'static
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    events
+        .reflect(writer)
+        // After `reflect`: the store swaps in the initial list when it sees InitDone, so only
+        // now does the cache hold it. Flagging earlier let a reconcile read an empty cache.
+        .inspect(move |event| {
+            if let Ok(watcher::Event::InitDone) = event {
+                synced.send_replace(true);
+            }
+        })
+        .touched_objects()
 }
 
 /// Like `cache_with`, the objects kept as text (`compact`): each object watched as `W` is kept
@@ -111,24 +119,14 @@ where
     let writer = reflector::store::Writer::new(());
     let reader = writer.as_reader();
     let (synced_tx, synced_rx) = synced_flag();
-    let stream = watcher(api, config)
-        .default_backoff()
-        .map_ok(move |event| match event {
-            watcher::Event::Apply(obj) => watcher::Event::Apply(compact(obj)),
-            watcher::Event::Delete(obj) => watcher::Event::Delete(compact(obj)),
-            watcher::Event::InitApply(obj) => watcher::Event::InitApply(compact(obj)),
-            watcher::Event::Init => watcher::Event::Init,
-            watcher::Event::InitDone => watcher::Event::InitDone,
-        })
-        .reflect(writer)
-        // After `reflect`, as in `cache_with`.
-        .inspect(move |event| {
-            if let Ok(watcher::Event::InitDone) = event {
-                synced_tx.send_replace(true);
-            }
-        })
-        .touched_objects();
-    (reader, synced_rx, stream)
+    let events = watcher(api, config).default_backoff().map_ok(move |event| match event {
+        watcher::Event::Apply(obj) => watcher::Event::Apply(compact(obj)),
+        watcher::Event::Delete(obj) => watcher::Event::Delete(compact(obj)),
+        watcher::Event::InitApply(obj) => watcher::Event::InitApply(compact(obj)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    });
+    (reader, synced_rx, fill(events, writer, synced_tx))
 }
 
 /// A cache of objects kept as text.

@@ -3,7 +3,6 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::api::ApiResource;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
@@ -48,7 +47,6 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Metrics,
-    pub app_resource: ApiResource,
     /// Deployments labelled as managed by Flotilla, in the namespaces this replica serves, as
     /// projections (`projection`) kept as text (read with `deployment`).
     deployments: Store<Compact<Deployment>>,
@@ -99,20 +97,12 @@ const WRITE_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
 const APPLY_VISIBLE_WITHIN: Duration = Duration::from_secs(60);
 
 impl Context {
-    pub fn new(
-        client: Client,
-        recorder: Recorder,
-        metrics: Metrics,
-        app_resource: ApiResource,
-        caches: Caches,
-        analyzer: Analyzer,
-    ) -> Self {
+    pub fn new(client: Client, recorder: Recorder, metrics: Metrics, caches: Caches, analyzer: Analyzer) -> Self {
         let Caches { deployments, hpas, services, config_maps, synced, hpa_watch, config_map_watch } = caches;
         Self {
             client,
             recorder,
             metrics,
-            app_resource,
             deployments,
             hpas,
             services,

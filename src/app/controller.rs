@@ -125,7 +125,6 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     );
     let (config_map_watch, config_map_events) = on_demand(make_config_map_events, config_maps_synced, None);
     let recorder = Recorder::new(client.clone(), reporter);
-    let app_resource = ApiResource::erase::<App>(&());
     let caches = Caches {
         deployments,
         hpas,
@@ -135,7 +134,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         hpa_watch,
         config_map_watch,
     };
-    let mut ctx = Context::new(client, recorder, metrics, app_resource, caches, analyzer);
+    let mut ctx = Context::new(client, recorder, metrics, caches, analyzer);
     ctx.slots = slots;
     ctx.pod_policy = pod_policy;
     if let Some(s) = served_by {
@@ -179,18 +178,6 @@ pub fn apps_api(client: &Client, scope: &Scope) -> Api<DynamicObject> {
     }
 }
 
-/// What `apps_reading` parses of an App's JSON: the pod template only.
-#[derive(serde::Deserialize)]
-struct TemplateOf {
-    spec: TemplateSpecOf,
-}
-
-#[derive(serde::Deserialize)]
-struct TemplateSpecOf {
-    #[serde(default)]
-    template: Option<crate::api::template::PodTemplate>,
-}
-
 /// The Apps of `config_map`'s namespace whose templates read it: those a change of it rolls.
 fn apps_reading(apps: &Store<Compact<App>>, config_map: &PartialObjectMeta<ConfigMap>) -> Vec<ObjectRef<Compact<App>>> {
     let (Some(namespace), Some(name)) = (config_map.metadata.namespace.as_deref(), config_map.metadata.name.as_deref())
@@ -204,15 +191,14 @@ fn apps_reading(apps: &Store<Compact<App>>, config_map: &PartialObjectMeta<Confi
         .iter()
         .filter(|app| app.meta().namespace.as_deref() == Some(namespace))
         .filter(|app| app.json().contains(&quoted))
+        // An App that does not parse waits for a change of its own: rolled by a ConfigMap, its
+        // reconcile would only report it again (a Warning Event per change of the ConfigMap).
         .filter(|app| {
-            serde_json::from_str::<TemplateOf>(app.json())
+            app.parse()
                 .ok()
                 .and_then(|a| a.spec.template)
                 .is_some_and(|t| crate::app::config::config_maps_of(&t).contains(name))
         })
-        // An App that does not parse waits for a change of its own: rolled by a ConfigMap, its
-        // reconcile would only report it again (a Warning Event per change of the ConfigMap).
-        .filter(|app| app.parse().is_ok())
         .map(|app| ObjectRef::from_obj(app.as_ref()))
         .collect()
 }
