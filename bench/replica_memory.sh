@@ -53,6 +53,10 @@ at_converged=$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$PID/status")
 echo ">> every App Healthy after ${converged} s, RSS ${at_converged} MiB; idle for ${IDLE} s"
 sleep "$IDLE"
 steady=$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$PID/status")
+# What the steady RSS is made of: anonymous pages (heap, stacks, allocator slack) against
+# pages of the binary and its libraries; and the threads that hold stacks.
+split=$(awk '/^RssAnon/{a=$2} /^RssFile/{f=$2} /^Threads/{t=$2}
+  END{printf "anonymous %.0f MiB, file-backed %.0f MiB, %d threads", a/1024, f/1024, t}' "/proc/$PID/status")
 cpu=$(awk '{printf "%.1f", ($14 + $15) / 100}' "/proc/$PID/stat")
 peak=$(awk 'BEGIN{m=0} {if ($2 > m) m = $2} END{printf "%.0f", m/1024}' "$WORK/rss")
 echo
@@ -60,3 +64,4 @@ echo "One replica, $NAMESPACES namespaces, $APPS Apps ($(git rev-parse --short H
 echo "| RSS onboarded | RSS peak | RSS when Healthy | RSS after ${IDLE} s idle | converged | CPU |"
 echo "|---|---|---|---|---|---|"
 echo "| ${onboarded_rss} MiB | ${peak} MiB | ${at_converged} MiB | ${steady} MiB | ${converged} s | ${cpu} s |"
+echo "Steady RSS: $split"

@@ -191,7 +191,8 @@ pub struct RunArgs {
     /// to the apiserver does not pass HTTP/2 (some proxies).
     #[arg(long, env = "FLOTILLA_API_HTTP2", default_value_t = true, action = clap::ArgAction::Set)]
     pub api_http2: bool,
-    /// Served namespaces per connection to the apiserver. Each has 5 watches, and
+    /// Served namespaces per connection to the apiserver. Each has 3 watches (5 where Apps
+    /// autoscale and read ConfigMaps), and
     /// kube-apiserver allows 100 concurrent streams per HTTP/2 connection by default
     /// (--http2-max-streams-per-connection); 12 leaves 40 streams for requests. Keep
     /// 5 x this well under the apiserver's limit.

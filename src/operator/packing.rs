@@ -5,7 +5,8 @@
 //! a stream ends. Watches end only every few minutes, so a connection carrying 100 watches
 //! would hold every other request back for minutes (measured: with 10,000 Apps a replica's
 //! reconciles stalled this way). Namespaces are therefore packed onto connections a few at
-//! a time: each has five watches (Apps, Deployments, HPAs, Services, ConfigMaps' metadata), and a connection
+//! a time: each has three watches (Apps, Deployments, Services), five once an App of it
+//! autoscales and one reads a ConfigMap (HPAs, ConfigMaps' metadata), and a connection
 //! carries at most `per_connection` namespaces, which leaves the rest of its streams to the
 //! reconciles' requests.
 
