@@ -87,6 +87,71 @@ async fn wait_event(client: &Client, ns: &str, app: &str, reason: &str) {
     .await;
 }
 
+/// The replica's Event writer against the apiserver: a repeat is a count on the first Event
+/// (a merge patch of its `series`, which the apiserver validates), another message is another
+/// Event, and a repeat whose Event is gone makes a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_event_is_one_event_with_a_count_and_another_message_another_event() {
+    use flotilla::telemetry::events::EventWriter;
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use kube::runtime::events::{Event as Note, EventType, Reporter};
+    let client = admin_client().await;
+    let ns = TestNamespace::create(&client, "events").await;
+    let writer =
+        EventWriter::new(client.clone(), Reporter { controller: "flotilla".into(), instance: Some("test".into()) });
+    let regarding = ObjectReference {
+        api_version: Some("flotilla.dev/v1beta1".into()),
+        kind: Some("App".into()),
+        name: Some("web".into()),
+        namespace: Some(ns.name.clone()),
+        uid: Some("web-uid".into()),
+        ..Default::default()
+    };
+    let warning = |note: &str| Note {
+        type_: EventType::Warning,
+        reason: "InvalidSpec".into(),
+        note: Some(note.into()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns.name);
+    // (note, series count) of every Event about the App, sorted by note.
+    let seen = || async {
+        let mut v: Vec<(String, Option<i32>)> = events
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .map(|e| (e.note.unwrap_or_default(), e.series.map(|s| s.count)))
+            .collect();
+        v.sort();
+        v
+    };
+    for _ in 0..3 {
+        writer.publish(&warning("replicas: invalid"), &regarding).await.expect("published");
+    }
+    assert_eq!(seen().await, [("replicas: invalid".to_string(), Some(3))], "one Event, counted three times");
+    writer.publish(&warning("image: invalid"), &regarding).await.expect("published");
+    assert_eq!(
+        seen().await,
+        [("image: invalid".to_string(), None), ("replicas: invalid".to_string(), Some(3))],
+        "another message is another Event, not a count on the first"
+    );
+    // The first Event expires (deleted here); its next repeat starts a new one.
+    let first = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .find(|e| e.series.is_some())
+        .expect("the counted Event");
+    events.delete(&first.name_any(), &DeleteParams::default()).await.expect("deleted");
+    writer.publish(&warning("replicas: invalid"), &regarding).await.expect("a repeat of a gone Event is sent");
+    assert_eq!(seen().await, [("image: invalid".to_string(), None), ("replicas: invalid".to_string(), None)]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_becomes_a_ready_deployment_and_follows_new_versions() {
     let (client, ns, _op) = setup("e2e-create").await;
@@ -412,10 +477,11 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     // A second reconciler in this process, with its own caches, driven by hand.
     let scope = flotilla::app::controller::Scope::Namespace(ns.name.clone());
     let reporter = kube::runtime::events::Reporter { controller: "flotilla".into(), instance: Some("test".into()) };
+    let events = flotilla::telemetry::events::EventWriter::new(client.clone(), reporter);
     let metrics = flotilla::telemetry::Metrics::new().expect("metrics");
     let analyzer = flotilla::rollout::Analyzer::new(None, Default::default()).expect("analyzer");
     let shared =
-        flotilla::app::controller::Shared { reporter, metrics, analyzer, slots: None, pod_policy: Default::default() };
+        flotilla::app::controller::Shared { events, metrics, analyzer, slots: None, pod_policy: Default::default() };
     let (ctx, streams) = flotilla::app::controller::context(client.clone(), &scope, shared, None);
     use futures::StreamExt;
     tokio::spawn(streams.deployments.for_each(|_| async {}));

@@ -4,7 +4,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
@@ -45,7 +44,7 @@ pub struct Needs {
 /// Handed to every reconcile: the client, the caches of managed objects, Events and metrics.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: crate::telemetry::events::EventWriter,
     pub metrics: Metrics,
     /// Deployments labelled as managed by Flotilla, in the namespaces this replica serves, as
     /// projections (`projection`) kept as text (read with `deployment`).
@@ -97,11 +96,17 @@ const WRITE_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
 const APPLY_VISIBLE_WITHIN: Duration = Duration::from_secs(60);
 
 impl Context {
-    pub fn new(client: Client, recorder: Recorder, metrics: Metrics, caches: Caches, analyzer: Analyzer) -> Self {
+    pub fn new(
+        client: Client,
+        events: crate::telemetry::events::EventWriter,
+        metrics: Metrics,
+        caches: Caches,
+        analyzer: Analyzer,
+    ) -> Self {
         let Caches { deployments, hpas, services, config_maps, synced, hpa_watch, config_map_watch } = caches;
         Self {
             client,
-            recorder,
+            events,
             metrics,
             deployments,
             hpas,

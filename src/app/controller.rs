@@ -7,7 +7,6 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Client, Resource};
@@ -24,6 +23,7 @@ use crate::api::names;
 use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
+use crate::telemetry::events::EventWriter;
 use crate::watch_cache::{Compact, cache_unmade, compact_cache, on_demand, slim, slim_compact};
 
 /// Who serves a namespace, when sharded: the write fence of this replica's shards and the
@@ -62,7 +62,8 @@ impl Scope {
 /// measures rollouts, and the slots its reconciles take turns in.
 #[derive(Clone)]
 pub struct Shared {
-    pub reporter: Reporter,
+    /// The Event writer the App controllers of all served namespaces share.
+    pub events: EventWriter,
     pub metrics: Metrics,
     pub analyzer: Analyzer,
     /// Reconciles of all served namespaces running at once (`None`: no bound).
@@ -91,7 +92,7 @@ pub type Streams = ManagedStreams<
 /// The controller's context and the watch streams that fill its caches. The streams must
 /// be polled (the controller does; a test can drain them) for the caches to fill.
 pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
-    let Shared { reporter, metrics, analyzer, slots, pod_policy } = shared;
+    let Shared { events, metrics, analyzer, slots, pod_policy } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector());
     // Deployments as projections: what the planner and the drift check read (`projection`).
     // Both kept as text (`Compact`): a reconcile reads back the few it needs.
@@ -124,7 +125,6 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         crate::app::config::slim_config_map,
     );
     let (config_map_watch, config_map_events) = on_demand(make_config_map_events, config_maps_synced, None);
-    let recorder = Recorder::new(client.clone(), reporter);
     let caches = Caches {
         deployments,
         hpas,
@@ -134,7 +134,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         hpa_watch,
         config_map_watch,
     };
-    let mut ctx = Context::new(client, recorder, metrics, caches, analyzer);
+    let mut ctx = Context::new(client, events, metrics, caches, analyzer);
     ctx.slots = slots;
     ctx.pod_policy = pod_policy;
     if let Some(s) = served_by {

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -29,6 +29,7 @@ use crate::api::conditions::{DesiredCondition, merge_conditions, now_to_the_seco
 use crate::api::{App, AppPhase, AppStatus};
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
+use crate::telemetry::events::EventWriter;
 use crate::tenancy::served::Ownership;
 use crate::watch_cache::slim;
 
@@ -37,7 +38,7 @@ pub const NOT_ONBOARDED: &str = "NamespaceNotOnboarded";
 
 struct GuardContext {
     client: Client,
-    recorder: Recorder,
+    events: EventWriter,
     metrics: Metrics,
     app_resource: kube::api::ApiResource,
     ownership: watch::Receiver<Ownership>,
@@ -102,7 +103,8 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
     if !ctx.fence.may_write(&namespace) {
         return Ok(Action::await_change());
     }
-    if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&ctx.app_resource)).await {
+    let may_write = || ctx.fence.may_write(&namespace);
+    if let Err(e) = ctx.events.publish_while(&event, &obj.object_ref(&ctx.app_resource), may_write).await {
         warn!(error = %e, "could not record Event");
     }
     Ok(Action::await_change())
@@ -128,7 +130,7 @@ pub async fn guard(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ctx = Arc::new(GuardContext {
-        recorder: Recorder::new(client.clone(), reporter),
+        events: EventWriter::new(client.clone(), reporter),
         client: client.clone(),
         metrics,
         app_resource: kube::api::ApiResource::erase::<App>(&()),

@@ -1100,7 +1100,8 @@ impl Context {
         super::error::shorten(&mut note, 1000);
         let event =
             Event { type_, reason: reason.to_string(), note: Some(note), action: action.to_string(), secondary: None };
-        if let Err(e) = self.recorder.publish(&event, reference).await {
+        let namespace = reference.namespace.as_deref().unwrap_or_default();
+        if let Err(e) = self.events.publish_while(&event, reference, || self.may_write(namespace)).await {
             warn!(error = %e, reason, "could not record Event");
         }
     }

@@ -286,7 +286,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
 
     let reporter = Reporter { controller: "flotilla".into(), instance: Some(settings.replica_id.clone()) };
     let shared = Shared {
-        reporter: reporter.clone(),
+        events: crate::telemetry::events::EventWriter::new(client.clone(), reporter.clone()),
         metrics: metrics.clone(),
         analyzer: Analyzer::new(settings.prometheus_url.clone(), settings.analysis_limits)?,
         // Twice the requests in flight: a reconcile sends its requests one after the other.

@@ -3,7 +3,7 @@
 use futures::StreamExt;
 use kube::Client;
 use kube::api::Api;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::{Controller, watcher};
 use std::future::Future;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ pub fn tenant_controller(
     let api: Api<Tenant> = Api::all(client.clone());
     let controller = Controller::new(api, watcher::Config::default()).graceful_shutdown_on(shutdown);
     let ctx = Arc::new(TenantContext {
-        recorder: Recorder::new(client.clone(), reporter),
+        events: crate::telemetry::events::EventWriter::new(client.clone(), reporter),
         client,
         metrics,
         operator: settings.operator,

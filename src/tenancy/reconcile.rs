@@ -7,7 +7,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Client, Resource, ResourceExt};
 
@@ -41,7 +41,7 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// Handed to every Tenant reconcile.
 pub struct TenantContext {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: crate::telemetry::events::EventWriter,
     pub metrics: Metrics,
     pub operator: OperatorIdentity,
     /// Namespaces no Tenant may claim.
@@ -484,7 +484,7 @@ where
 
 async fn publish(ctx: &TenantContext, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
     let event = Event { type_, reason: reason.into(), note: Some(note), action: "Onboard".into(), secondary: None };
-    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+    if let Err(e) = ctx.events.publish(&event, reference).await {
         warn!(error = %e, reason, "could not record Event");
     }
 }
