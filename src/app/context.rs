@@ -132,17 +132,19 @@ impl Context {
     /// cache really means missing. The caches watched on demand that `needs` names are
     /// started; the others are waited for only if they run (one not running holds nothing,
     /// rightly: see `OnDemand`).
-    pub async fn wait_for_caches(&self, needs: Needs) {
+    /// False when a cache never will be (its watch went first: the controller is stopping).
+    pub async fn wait_for_caches(&self, needs: Needs) -> bool {
         for flag in &self.synced {
-            let _ = flag.clone().wait_for(|synced| *synced).await;
+            if !crate::watch_cache::synced(flag).await {
+                return false;
+            }
         }
-        self.hpa_watch.ready(needs.hpas).await;
-        self.config_map_watch.ready(needs.config_maps).await;
+        self.hpa_watch.ready(needs.hpas).await && self.config_map_watch.ready(needs.config_maps).await
     }
 
     /// Like `wait_for_caches`, but gives up after `limit`; false when the caches are not synced.
     pub async fn caches_synced_within(&self, limit: std::time::Duration, needs: Needs) -> bool {
-        tokio::time::timeout(limit, self.wait_for_caches(needs)).await.is_ok()
+        tokio::time::timeout(limit, self.wait_for_caches(needs)).await.unwrap_or(false)
     }
 
     /// The cached Deployment `name` of `namespace` (a projection: see `projection`).
@@ -366,5 +368,38 @@ mod tests {
         assert!(!write_pending(fingerprint, now, Some(&written.clone())), "the cache shows the write");
         let old = now - WRITE_VISIBLE_WITHIN - Duration::from_secs(1);
         assert!(!write_pending(fingerprint, old, Some(&before)), "an old write: the cache decides");
+    }
+
+    /// A measured value comes back from the apiserver as the shortest text that names it
+    /// (what serde writes too): read back, the status must be the one written, or every
+    /// status with a measurement would wait out `WRITE_VISIBLE_WITHIN` for a float a step off
+    /// (serde_json parses exactly only with its `float_roundtrip` feature).
+    #[test]
+    fn a_status_with_measured_values_reads_back_as_written() {
+        use crate::api::rollout::{AnalysisStatus, Measurement, MeasurementResult};
+        let mut off = Vec::new();
+        for i in 1..2000u32 {
+            let value = f64::from(i) / 7.0 * 0.0013 + 1.0 / f64::from(i + 2);
+            let written = AppStatus {
+                analysis: Some(AnalysisStatus {
+                    measurements: vec![Measurement {
+                        name: "error-rate".into(),
+                        result: MeasurementResult::Pass,
+                        value: Some(value),
+                        min: None,
+                        max: Some(0.05),
+                        message: None,
+                    }],
+                    ..AnalysisStatus::default()
+                }),
+                ..AppStatus::default()
+            };
+            let text = serde_json::to_string(&written).expect("a status writes as JSON");
+            let read: AppStatus = serde_json::from_str(&text).expect("and reads back");
+            if status_fingerprint(&read) != status_fingerprint(&written) {
+                off.push(value);
+            }
+        }
+        assert!(off.is_empty(), "{} of 1,999 values read back otherwise, e.g. {:?}", off.len(), off.first());
     }
 }
