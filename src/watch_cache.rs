@@ -138,6 +138,12 @@ pub fn slim_compact<K, W: Resource + Serialize>(mut obj: W) -> Compact<K> {
     Compact::of(obj)
 }
 
+/// Whether the cache of `flag` has its first full list, once it has: false when its watch
+/// went before that (its stream was dropped), which must not read as synced.
+pub async fn synced(flag: &watch::Receiver<bool>) -> bool {
+    flag.clone().wait_for(|s| *s).await.is_ok()
+}
+
 /// Whether the watch of a cache started on demand runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Demand {
@@ -162,18 +168,17 @@ pub struct OnDemand {
 impl OnDemand {
     /// Starts the watch (if it was not running) and waits for the cache's first full list.
     /// Without `need`, waits only until the cache can be trusted: idle, or started and synced.
-    pub async fn ready(&self, need: bool) {
+    /// False when it never can be (its watch went before its first list).
+    pub async fn ready(&self, need: bool) -> bool {
         if need {
             self.start();
         }
         let mut demand = self.demand.subscribe();
         let settled = match demand.wait_for(|d| *d != Demand::Unknown).await {
             Ok(d) => *d,
-            Err(_) => return,
+            Err(_) => return false,
         };
-        if settled == Demand::Started {
-            let _ = self.synced.clone().wait_for(|s| *s).await;
-        }
+        settled != Demand::Started || synced(&self.synced).await
     }
 
     /// Starts the watch; a no-op when it runs.
@@ -285,7 +290,22 @@ mod tests {
         assert_eq!(lazy.demand(), Demand::Started);
         assert!(yields(&mut stream).await, "a started watch runs");
         synced.send_replace(true);
-        tokio::time::timeout(Duration::from_millis(50), lazy.ready(false)).await.expect("synced");
+        assert!(tokio::time::timeout(Duration::from_millis(50), lazy.ready(false)).await.expect("synced"));
+    }
+
+    #[tokio::test]
+    async fn a_watch_gone_before_its_first_list_is_never_synced() {
+        let (tx, rx) = synced_flag();
+        drop(tx);
+        assert!(!synced(&rx).await, "a dropped stream's empty cache is not the truth");
+        let (tx, rx) = synced_flag();
+        tx.send_replace(true);
+        drop(tx);
+        assert!(synced(&rx).await, "synced before it went: still synced");
+        let (lazy, synced_tx, _stream) = gated(false);
+        drop(synced_tx);
+        let ready = tokio::time::timeout(Duration::from_millis(50), lazy.ready(true)).await;
+        assert_eq!(ready.ok(), Some(false), "needed, and gone before its list: not ready, at once");
     }
 
     #[tokio::test]

@@ -235,9 +235,12 @@ pub fn app_controller(
         let _registration = registration;
         let readiness_ctx = ctx.clone();
         tokio::spawn(async move {
-            let mut apps_synced = apps_synced;
-            let _ = apps_synced.wait_for(|s| *s).await;
-            readiness_ctx.wait_for_caches(Default::default()).await;
+            if !crate::watch_cache::synced(&apps_synced).await
+                || !readiness_ctx.wait_for_caches(Default::default()).await
+            {
+                debug!("App controller stopped before its caches synced");
+                return;
+            }
             ready.store(true, Ordering::SeqCst);
             info!("App controller caches synced");
         });
