@@ -1,6 +1,6 @@
 //! How many shards a replica may still take without outgrowing its memory. A replica's memory
-//! grows with the Apps it serves: bench/replica_memory.sh measured 86 MiB of RSS at 3,333 Apps
-//! in 333 namespaces, 44 MiB with no App and about 12.9 KiB per App of the smallest kind
+//! grows with the Apps it serves: bench/replica_memory.sh measured 79-81 MiB of RSS at 3,333
+//! Apps in 333 namespaces, 40-42 MiB with no App and about 12 KiB per App of the smallest kind
 //! (docs/measurements.md). `PER_APP_BYTES` (64 KiB) is five times that: a cached App holds
 //! its template and status a copy of the stable one (up to 64 KiB each), so an App near
 //! that limit can cost twice the constant; the constants were not re-derived. When one of three
