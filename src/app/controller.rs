@@ -134,6 +134,8 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         hpa_watch,
         config_map_watch,
     };
+    // The namespace's client: its Events pass the wire fence like every other write.
+    let events = events.with_client(client.clone());
     let mut ctx = Context::new(client, events, metrics, caches, analyzer);
     ctx.slots = slots;
     ctx.pod_policy = pod_policy;
@@ -234,7 +236,9 @@ pub fn app_controller(
         // Dropped with this future: the namespace's Apps leave the per-App series.
         let _registration = registration;
         let readiness_ctx = ctx.clone();
-        tokio::spawn(async move {
+        // Aborted with this future, however it ends: an on-demand cache whose probe never
+        // answered would keep it (and the namespace's context) waiting for good.
+        let _readiness = AbortOnDrop(tokio::spawn(async move {
             if !crate::watch_cache::synced(&apps_synced).await
                 || !readiness_ctx.wait_for_caches(Default::default()).await
             {
@@ -243,7 +247,7 @@ pub fn app_controller(
             }
             ready.store(true, Ordering::SeqCst);
             info!("App controller caches synced");
-        });
+        }));
         controller
             .run(reconcile, error_policy, ctx)
             .for_each(|result| async move {
@@ -253,6 +257,15 @@ pub fn app_controller(
             })
             .await;
         info!("App controller stopped");
+    }
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -273,6 +286,23 @@ mod tests {
         }))
         .expect("an App");
         Compact::of(obj)
+    }
+
+    #[tokio::test]
+    async fn a_dropped_guard_stops_its_task_and_frees_what_it_held() {
+        let held = Arc::new(());
+        let in_task = held.clone();
+        let guard = AbortOnDrop(tokio::spawn(async move {
+            let _keep = in_task;
+            futures::future::pending::<()>().await;
+        }));
+        tokio::task::yield_now().await;
+        assert_eq!(Arc::strong_count(&held), 2, "the task holds it while it runs");
+        drop(guard);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(Arc::strong_count(&held), 1, "the task, and what it held, are gone");
     }
 
     #[test]

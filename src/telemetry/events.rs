@@ -1,6 +1,7 @@
 //! Kubernetes Events, written with a small memory of what was sent. The App controllers of
-//! all the namespaces a replica serves share one writer; the Tenant controller and the guard
-//! have one each.
+//! all the namespaces a replica serves share one writer's memory, each writing through its
+//! namespace's client (`with_client`: past the shard fence); the Tenant controller and the
+//! guard have one each.
 //!
 //! kube-runtime's `Recorder` keeps every Event it sent, whole (about 3.6 KiB each with its
 //! key), for 6 minutes, and prunes only when it sends another: a namespace whose App went
@@ -182,6 +183,13 @@ impl EventWriter {
             object(regarding),
             ev.secondary.as_ref().map(object),
         ))
+    }
+
+    /// This writer (its series and its key) writing through `client`: each namespace's
+    /// controller writes its Events through that namespace's client, which looks at the
+    /// shard fence again as each write leaves.
+    pub fn with_client(&self, client: Client) -> Self {
+        Self { client, ..self.clone() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SeriesCache> {
@@ -407,6 +415,14 @@ mod tests {
         assert_ne!(k, w.key(&normal, &app("web", "shop")));
         // Another writer (replica) keys with another secret.
         assert_ne!(k, writer().key(&warning("a"), &app("web", "shop")));
+    }
+
+    #[tokio::test]
+    async fn a_writer_for_another_client_shares_the_series_and_the_key() {
+        let w = writer();
+        let other = w.with_client(writer().client.clone());
+        assert_eq!(w.key(&warning("a"), &app("web", "shop")), other.key(&warning("a"), &app("web", "shop")));
+        assert!(Arc::ptr_eq(&w.series, &other.series), "a repeat sent through either counts on the same Event");
     }
 
     #[tokio::test]
