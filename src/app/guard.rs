@@ -100,9 +100,6 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
         action: "Reconcile".into(),
         secondary: None,
     };
-    if !ctx.fence.may_write(&namespace) {
-        return Ok(Action::await_change());
-    }
     let may_write = || ctx.fence.may_write(&namespace);
     if let Err(e) = ctx.events.publish_while(&event, &obj.object_ref(&ctx.app_resource), may_write).await {
         warn!(error = %e, "could not record Event");

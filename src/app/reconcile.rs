@@ -1092,14 +1092,11 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        // An Event is a write too: never after this replica's hold on the namespace lapsed.
-        if !self.may_write(reference.namespace.as_deref().unwrap_or_default()) {
-            return;
-        }
         let mut note = note;
         super::error::shorten(&mut note, 1000);
         let event =
             Event { type_, reason: reason.to_string(), note: Some(note), action: action.to_string(), secondary: None };
+        // An Event is a write too: never after this replica's hold on the namespace lapsed.
         let namespace = reference.namespace.as_deref().unwrap_or_default();
         if let Err(e) = self.events.publish_while(&event, reference, || self.may_write(namespace)).await {
             warn!(error = %e, reason, "could not record Event");

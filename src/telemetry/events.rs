@@ -168,8 +168,9 @@ impl EventWriter {
         Self { client, reporter, keys: RandomState::new(), series: Arc::new(Mutex::new(SeriesCache::new(MAX_SERIES))) }
     }
 
-    /// What makes two Events one series (client-go's key), hashed with this writer's random
-    /// key: a tenant who writes the App's name or a note cannot aim at another's series.
+    /// What makes two Events one series (the module's text says which fields, and why the
+    /// note), hashed with this writer's random key: a tenant who writes the App's name or a
+    /// note cannot aim at another's series.
     fn key(&self, ev: &Event, regarding: &ObjectReference) -> u64 {
         let object = |r: &ObjectReference| {
             (r.api_version.clone(), r.kind.clone(), r.namespace.clone(), r.name.clone(), r.uid.clone())
@@ -204,15 +205,18 @@ impl EventWriter {
         self.publish_while(ev, regarding, || true).await
     }
 
-    /// `publish`, where `may_write` is asked again before a second request (a new Event after
-    /// the one a repeat would have counted on is gone): a replica that lost the namespace
-    /// meanwhile writes nothing more.
+    /// `publish`, where `may_write` is asked before each request (the first, and a new Event
+    /// after the one a repeat would have counted on is gone): a replica whose hold on the
+    /// namespace lapsed writes nothing, and that is no error.
     pub async fn publish_while(
         &self,
         ev: &Event,
         regarding: &ObjectReference,
         may_write: impl Fn() -> bool,
     ) -> Result<(), EventError> {
+        if !may_write() {
+            return Ok(());
+        }
         let namespace = regarding.namespace.clone().unwrap_or_else(|| "default".into());
         let key = self.key(ev, regarding);
         let decided = self.lock().decide(key, &namespace, Instant::now());
@@ -415,6 +419,14 @@ mod tests {
         assert_ne!(k, w.key(&normal, &app("web", "shop")));
         // Another writer (replica) keys with another secret.
         assert_ne!(k, writer().key(&warning("a"), &app("web", "shop")));
+    }
+
+    #[tokio::test]
+    async fn nothing_is_sent_while_the_namespace_may_not_be_written() {
+        let w = writer();
+        w.publish_while(&warning("a"), &app("web", "shop"), || false).await.expect("nothing sent, no error");
+        // The same call allowed does send, to an address where nothing answers.
+        assert!(w.publish_while(&warning("a"), &app("web", "shop"), || true).await.is_err());
     }
 
     #[tokio::test]
