@@ -261,6 +261,14 @@ async fn the_webhook_survives_a_lost_replica_and_refuses_malformed_requests() {
     let mut lost = replicas.remove(busiest);
     lost.child.start_kill().expect("kill -9 of a replica");
     let _ = lost.child.wait().await;
+    // The kernel closed the dead replica's connections; the apiserver learns it when it reads
+    // the close. A request it sends on such a connection before then fails ("broken pipe") in
+    // any cluster, so the test waits for that, not for the webhook: no connection to the port
+    // is left half-closed.
+    wait_for(Duration::from_secs(10), "the apiserver to drop its connections to the dead replica", || async {
+        (!half_closed_connections_to(PORT)).then_some(())
+    })
+    .await;
     let mut survivor = replicas.remove(0);
     let mut failures = Vec::new();
     for i in 0..30 {
@@ -315,6 +323,17 @@ async fn the_webhook_survives_a_lost_replica_and_refuses_malformed_requests() {
     assert!(survivor.child.try_wait().expect("replica state").is_none(), "the replica still runs");
     assert_eq!(alpha.list(&ListParams::default()).await.expect("v1alpha1 read").items.len(), 3);
     assert!(survivor.metrics().await.contains("flotilla_conversions_total{result=\"error\"} 1"));
+}
+
+/// Whether a local TCP connection to `port` is in CLOSE_WAIT: its peer has gone and the owner
+/// has not read the close yet (`/proc/net/tcp`, state 08).
+fn half_closed_connections_to(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp (Linux)");
+    let remote = format!(":{port:04X}");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() > 3 && fields[2].ends_with(&remote) && fields[3] == "08"
+    })
 }
 
 /// The CRDs of the release before this one: v1alpha1 stored.
