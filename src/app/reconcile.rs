@@ -793,13 +793,11 @@ where
     let read = |source| ReconcileError::Read { kind, namespace: id.namespace.clone(), name: name.to_string(), source };
     match api.get_metadata_opt_with(name, &GetParams::any()).await.map_err(read)? {
         None => Ok(None),
-        Some(found) if owned_by(&found.metadata, &id.owner) => {
-            match api.get_opt(name).await.map_err(read)? {
-                Some(object) if controlled_by_app(&object, id) => Ok(Some(object)),
-                Some(_) => Err(conflict()),
-                None => Ok(None),
-            }
-        }
+        Some(found) if owned_by(&found.metadata, &id.owner) => match api.get_opt(name).await.map_err(read)? {
+            Some(object) if controlled_by_app(&object, id) => Ok(Some(object)),
+            Some(_) => Err(conflict()),
+            None => Ok(None),
+        },
         Some(_) => Err(conflict()),
     }
 }
