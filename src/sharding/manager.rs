@@ -6,6 +6,9 @@
 //! they never wait behind a list, an acquisition or a release: at 100 ms of apiserver latency
 //! 32 renewals take 0.4 s, not 3.2 s. The other loop lists the Leases, plans with the pure
 //! functions of `plan` and acquires (at most `ACQUISITIONS_IN_FLIGHT` at once) or releases.
+//! A hand-back waits for its shards' work to stop (up to the renew deadline) beside the
+//! following rounds, not in one: a replica handing shards to a peer that joins still takes,
+//! within a round, the shards a leaving peer releases.
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -196,12 +199,12 @@ pub async fn run_shard_manager(
     );
     let balancing = balance_loop(
         Balancer { leases: leases.clone(), me, settings, holdings: holdings.clone(), metrics: metrics.clone() },
-        &mut working_rx,
+        &working_rx,
         ready,
         progress,
         shutdown,
     );
-    tokio::join!(renewing, balancing);
+    let (_, handing_back) = tokio::join!(renewing, balancing);
 
     // Graceful handoff: stop all work, and release each shard's Lease as soon as its own work
     // has stopped, so that peers take over each shard at once. Shards whose work was cancelled
@@ -217,7 +220,8 @@ pub async fn run_shard_manager(
     // kill -9.)
     let shards: Vec<u32> = holdings.shards().into_iter().collect();
     let released = holdings.remove(&shards);
-    let (_, left) = tokio::join!(
+    // Hand-backs begun before the signal go on beside it.
+    let (_, left, ()) = tokio::join!(
         leases.leave(),
         release_as_stopped(&mut working_rx, released, settings.renew_deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
             let (leases, metrics) = (leases.clone(), metrics.clone());
@@ -227,13 +231,14 @@ pub async fn run_shard_manager(
                     Err(e) => warn!(shard, error = %e, "could not release shard on shutdown"),
                 }
             }
-        })
+        }),
+        handing_back.for_each(|(_, left)| async move { warn_unreleased(&left) })
     );
     metrics.shards_held(0, 0.0);
     if left.is_empty() {
         info!("released every shard");
     } else {
-        warn!(shards = ?left, "work in these shards did not stop in time: leaving their Leases to expire");
+        warn_unreleased(&left);
     }
 }
 
@@ -244,6 +249,16 @@ const CACHES_FILL_WITHIN: Duration = Duration::from_secs(30);
 const FULL_CLEARS_AFTER: u32 = 10;
 
 type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+/// A hand-back of shards for balance: the shards, and those of them left unreleased because
+/// their work did not stop by the renew deadline.
+type HandBack = Pin<Box<dyn Future<Output = (Vec<u32>, Vec<u32>)> + Send>>;
+
+fn warn_unreleased(left: &[u32]) {
+    if !left.is_empty() {
+        warn!(shards = ?left, "work in these shards did not stop in time: leaving their Leases to expire");
+    }
+}
 
 /// A renewal that came back.
 enum Done {
@@ -384,14 +399,14 @@ struct Balancer {
 }
 
 /// Lists the Leases every retry period, takes free shards and hands surplus back. Runs until
-/// `shutdown`.
+/// `shutdown`, and returns the hand-backs still waiting for their shards' work to stop.
 async fn balance_loop(
     b: Balancer,
-    working_rx: &mut watch::Receiver<BTreeSet<u32>>,
+    working_rx: &watch::Receiver<BTreeSet<u32>>,
     ready: Arc<std::sync::atomic::AtomicBool>,
     progress: Progress,
     mut shutdown: watch::Receiver<bool>,
-) {
+) -> FuturesUnordered<HandBack> {
     let Balancer { leases, me, settings, holdings, metrics } = b;
     let start = Instant::now();
     let mut tracker = ExpiryTracker::default();
@@ -401,9 +416,21 @@ async fn balance_loop(
     let mut room_seen = 0u32;
     let mut tick = tokio::time::interval(settings.retry_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Shards handed back whose work has not stopped yet: out of this replica's holdings, their
+    // Leases still name it. Planning leaves them alone (neither its own stale Leases to take
+    // back, nor free) until their hand-back is done.
+    let mut handing_back: FuturesUnordered<HandBack> = FuturesUnordered::new();
+    let mut releasing: BTreeSet<u32> = BTreeSet::new();
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
+            Some((shards, left)) = handing_back.next(), if !handing_back.is_empty() => {
+                for shard in &shards {
+                    releasing.remove(shard);
+                }
+                warn_unreleased(&left);
+                continue;
+            }
             _ = tick.tick() => {}
         }
         if progress.stuck().is_some() {
@@ -477,7 +504,7 @@ async fn balance_loop(
         let mut own_stale = BTreeSet::new();
         let mut others: BTreeMap<String, usize> = BTreeMap::new();
         let mut free: BTreeMap<u32, Duration> = BTreeMap::new();
-        for shard in (0..settings.shards).filter(|s| !held.contains(s)) {
+        for shard in (0..settings.shards).filter(|s| !held.contains(s) && !releasing.contains(s)) {
             let lease = by_shard.get(&shard).copied();
             match lease.and_then(holder) {
                 Some(h) if h == me => {
@@ -586,10 +613,14 @@ async fn balance_loop(
             .await;
         if !decision.release.is_empty() {
             let release = holdings.remove(&decision.release);
+            let shards: Vec<u32> = release.iter().map(|(s, _)| *s).collect();
+            releasing.extend(shards.iter().copied());
             // Work that had to be cancelled may still have a request on its way: that shard's
             // Lease is not renewed any more and expires, like at shutdown.
-            let left =
-                release_as_stopped(working_rx, release, settings.renew_deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
+            let mut working = working_rx.clone();
+            let (leases, metrics, deadline) = (leases.clone(), metrics.clone(), settings.renew_deadline);
+            handing_back.push(Box::pin(async move {
+                let left = release_as_stopped(&mut working, release, deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
                     let (leases, metrics) = (leases.clone(), metrics.clone());
                     async move {
                         if let Err(e) = leases.release(&h.lease).await {
@@ -600,9 +631,9 @@ async fn balance_loop(
                     }
                 })
                 .await;
-            if !left.is_empty() {
-                warn!(shards = ?left, "work in these shards did not stop in time: leaving their Leases to expire");
-            }
+                (shards, left)
+            }));
         }
     }
+    handing_back
 }
