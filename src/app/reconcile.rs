@@ -4,7 +4,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, GetParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
@@ -766,12 +766,10 @@ async fn in_full(
 /// second's race (the object created between this look and the apply) can only be won by
 /// someone who could write that object anyway.
 ///
-/// The look is a metadata read from the apiserver's watch cache (`resourceVersion=0`), not
-/// a quorum read of etcd: every new App makes two of them, and at 1,000 new Apps etcd's
-/// reads were what slowed kube-apiserver's one-at-a-time Service creations (docs/measurements.md).
-/// That cache trails etcd by the time a watch event takes, which widens the race above by
-/// as much and changes nothing else. Only an object found and controlled by this App (the
-/// App's own cache lags) is then read in full.
+/// The look is a quorum read, though new Apps make two and etcd's reads slow kube-apiserver's
+/// Service creations at scale: a read from the apiserver's watch cache (`resourceVersion=0`)
+/// has no bound on how stale it is, and a stale "absent" would let the forced apply take over
+/// an object that someone else (a platform controller a tenant can set off) made before it.
 async fn claim<K>(
     api: &Api<K>,
     controlled: Option<&K>,
@@ -790,15 +788,16 @@ where
     if cached {
         return Err(conflict());
     }
-    let read = |source| ReconcileError::Read { kind, namespace: id.namespace.clone(), name: name.to_string(), source };
-    match api.get_metadata_opt_with(name, &GetParams::any()).await.map_err(read)? {
-        None => Ok(None),
-        Some(found) if owned_by(&found.metadata, &id.owner) => match api.get_opt(name).await.map_err(read)? {
-            Some(object) if controlled_by_app(&object, id) => Ok(Some(object)),
-            Some(_) => Err(conflict()),
-            None => Ok(None),
-        },
+    let found = api.get_opt(name).await.map_err(|source| ReconcileError::Read {
+        kind,
+        namespace: id.namespace.clone(),
+        name: name.to_string(),
+        source,
+    })?;
+    match found {
+        Some(object) if controlled_by_app(&object, id) => Ok(Some(object)),
         Some(_) => Err(conflict()),
+        None => Ok(None),
     }
 }
 
