@@ -6,9 +6,9 @@
 //! they never wait behind a list, an acquisition or a release: at 100 ms of apiserver latency
 //! 32 renewals take 0.4 s, not 3.2 s. The other loop lists the Leases, plans with the pure
 //! functions of `plan` and acquires (at most `ACQUISITIONS_IN_FLIGHT` at once) or releases.
-//! A hand-back waits for its shards' work to stop (up to the renew deadline) beside the
-//! following rounds, not in one: a replica handing shards to a peer that joins still takes,
-//! within a round, the shards a leaving peer releases.
+//! A hand-back waits for its shards' work to stop (up to the renew deadline) in a task of its
+//! own, not in a round: a replica handing shards to a peer that joins still takes, within a
+//! round, the shards a leaving peer releases, and a slow round does not hold a release up.
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -204,7 +204,7 @@ pub async fn run_shard_manager(
         progress,
         shutdown,
     );
-    let (_, handing_back) = tokio::join!(renewing, balancing);
+    let (_, mut handing_back) = tokio::join!(renewing, balancing);
 
     // Graceful handoff: stop all work, and release each shard's Lease as soon as its own work
     // has stopped, so that peers take over each shard at once. Shards whose work was cancelled
@@ -232,7 +232,13 @@ pub async fn run_shard_manager(
                 }
             }
         }),
-        handing_back.for_each(|(_, left)| async move { warn_unreleased(&left) })
+        async move {
+            while let Some(done) = handing_back.join_next().await {
+                if let Ok((_, left)) = done {
+                    warn_unreleased(&left);
+                }
+            }
+        }
     );
     metrics.shards_held(0, 0.0);
     if left.is_empty() {
@@ -250,9 +256,10 @@ const FULL_CLEARS_AFTER: u32 = 10;
 
 type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
 
-/// A hand-back of shards for balance: the shards, and those of them left unreleased because
-/// their work did not stop by the renew deadline.
-type HandBack = Pin<Box<dyn Future<Output = (Vec<u32>, Vec<u32>)> + Send>>;
+/// Hand-backs of shards for balance, each a task that returns its shards and those of them
+/// left unreleased because their work did not stop by the renew deadline. Dropped (at the end
+/// of the shutdown grace), the tasks are aborted and those Leases expire.
+type HandBacks = tokio::task::JoinSet<(Vec<u32>, Vec<u32>)>;
 
 fn warn_unreleased(left: &[u32]) {
     if !left.is_empty() {
@@ -406,7 +413,7 @@ async fn balance_loop(
     ready: Arc<std::sync::atomic::AtomicBool>,
     progress: Progress,
     mut shutdown: watch::Receiver<bool>,
-) -> FuturesUnordered<HandBack> {
+) -> HandBacks {
     let Balancer { leases, me, settings, holdings, metrics } = b;
     let start = Instant::now();
     let mut tracker = ExpiryTracker::default();
@@ -419,16 +426,28 @@ async fn balance_loop(
     // Shards handed back whose work has not stopped yet: out of this replica's holdings, their
     // Leases still name it. Planning leaves them alone (neither its own stale Leases to take
     // back, nor free) until their hand-back is done.
-    let mut handing_back: FuturesUnordered<HandBack> = FuturesUnordered::new();
+    let mut handing_back = HandBacks::new();
+    let mut handed: BTreeMap<tokio::task::Id, Vec<u32>> = BTreeMap::new();
     let mut releasing: BTreeSet<u32> = BTreeSet::new();
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
-            Some((shards, left)) = handing_back.next(), if !handing_back.is_empty() => {
-                for shard in &shards {
-                    releasing.remove(shard);
+            Some(done) = handing_back.join_next_with_id(), if !handing_back.is_empty() => {
+                // A hand-back that failed released what it could; the rest expire, and the
+                // shards are planned again like any other.
+                let id = match done {
+                    Ok((id, (_, left))) => {
+                        warn_unreleased(&left);
+                        id
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "a hand-back of shards failed");
+                        e.id()
+                    }
+                };
+                for shard in handed.remove(&id).unwrap_or_default() {
+                    releasing.remove(&shard);
                 }
-                warn_unreleased(&left);
                 continue;
             }
             _ = tick.tick() => {}
@@ -615,11 +634,12 @@ async fn balance_loop(
             let release = holdings.remove(&decision.release);
             let shards: Vec<u32> = release.iter().map(|(s, _)| *s).collect();
             releasing.extend(shards.iter().copied());
+            let shards_of_task = shards.clone();
             // Work that had to be cancelled may still have a request on its way: that shard's
             // Lease is not renewed any more and expires, like at shutdown.
             let mut working = working_rx.clone();
             let (leases, metrics, deadline) = (leases.clone(), metrics.clone(), settings.renew_deadline);
-            handing_back.push(Box::pin(async move {
+            let task = handing_back.spawn(async move {
                 let left = release_as_stopped(&mut working, release, deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
                     let (leases, metrics) = (leases.clone(), metrics.clone());
                     async move {
@@ -632,7 +652,8 @@ async fn balance_loop(
                 })
                 .await;
                 (shards, left)
-            }));
+            });
+            handed.insert(task.id(), shards_of_task);
         }
     }
     handing_back
