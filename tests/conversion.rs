@@ -264,7 +264,7 @@ async fn the_webhook_survives_a_lost_replica_and_refuses_malformed_requests() {
     // The kernel closed the dead replica's connections; the apiserver learns it when it reads
     // the close. A request it sends on such a connection before then fails ("broken pipe") in
     // any cluster, so the test waits for that, not for the webhook: no connection to the port
-    // is left half-closed.
+    // is left half-closed. (So a write in the instant after the loss is not what is tested.)
     wait_for(Duration::from_secs(10), "the apiserver to drop its connections to the dead replica", || async {
         (!half_closed_connections_to(PORT)).then_some(())
     })
