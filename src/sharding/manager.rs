@@ -234,7 +234,7 @@ pub async fn run_shard_manager(
         }),
         async move {
             while let Some(done) = handing_back.join_next().await {
-                if let Ok((_, left)) = done {
+                if let Ok(left) = done {
                     warn_unreleased(&left);
                 }
             }
@@ -256,10 +256,10 @@ const FULL_CLEARS_AFTER: u32 = 10;
 
 type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
 
-/// Hand-backs of shards for balance, each a task that returns its shards and those of them
-/// left unreleased because their work did not stop by the renew deadline. Dropped (at the end
-/// of the shutdown grace), the tasks are aborted and those Leases expire.
-type HandBacks = tokio::task::JoinSet<(Vec<u32>, Vec<u32>)>;
+/// Hand-backs of shards for balance, each a task that returns the shards it left unreleased
+/// because their work did not stop by the renew deadline. Dropped (at the end of the
+/// shutdown grace), the tasks are aborted and those Leases expire.
+type HandBacks = tokio::task::JoinSet<Vec<u32>>;
 
 fn warn_unreleased(left: &[u32]) {
     if !left.is_empty() {
@@ -423,12 +423,11 @@ async fn balance_loop(
     let mut room_seen = 0u32;
     let mut tick = tokio::time::interval(settings.retry_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Shards handed back whose work has not stopped yet: out of this replica's holdings, their
+    // The shards of each hand-back still running: out of this replica's holdings, their
     // Leases still name it. Planning leaves them alone (neither its own stale Leases to take
     // back, nor free) until their hand-back is done.
     let mut handing_back = HandBacks::new();
     let mut handed: BTreeMap<tokio::task::Id, Vec<u32>> = BTreeMap::new();
-    let mut releasing: BTreeSet<u32> = BTreeSet::new();
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
@@ -436,7 +435,7 @@ async fn balance_loop(
                 // A hand-back that failed released what it could; the rest expire, and the
                 // shards are planned again like any other.
                 let id = match done {
-                    Ok((id, (_, left))) => {
+                    Ok((id, left)) => {
                         warn_unreleased(&left);
                         id
                     }
@@ -445,9 +444,7 @@ async fn balance_loop(
                         e.id()
                     }
                 };
-                for shard in handed.remove(&id).unwrap_or_default() {
-                    releasing.remove(&shard);
-                }
+                handed.remove(&id);
                 continue;
             }
             _ = tick.tick() => {}
@@ -520,6 +517,7 @@ async fn balance_loop(
         let by_shard: BTreeMap<u32, &Lease> =
             all.iter().filter_map(|l| Some((shard_of_lease(l.metadata.name.as_deref()?)?, l))).collect();
         let held = holdings.shards();
+        let releasing: BTreeSet<u32> = handed.values().flatten().copied().collect();
         let mut own_stale = BTreeSet::new();
         let mut others: BTreeMap<String, usize> = BTreeMap::new();
         let mut free: BTreeMap<u32, Duration> = BTreeMap::new();
@@ -633,14 +631,12 @@ async fn balance_loop(
         if !decision.release.is_empty() {
             let release = holdings.remove(&decision.release);
             let shards: Vec<u32> = release.iter().map(|(s, _)| *s).collect();
-            releasing.extend(shards.iter().copied());
-            let shards_of_task = shards.clone();
             // Work that had to be cancelled may still have a request on its way: that shard's
             // Lease is not renewed any more and expires, like at shutdown.
             let mut working = working_rx.clone();
             let (leases, metrics, deadline) = (leases.clone(), metrics.clone(), settings.renew_deadline);
             let task = handing_back.spawn(async move {
-                let left = release_as_stopped(&mut working, release, deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
+                release_as_stopped(&mut working, release, deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
                     let (leases, metrics) = (leases.clone(), metrics.clone());
                     async move {
                         if let Err(e) = leases.release(&h.lease).await {
@@ -650,10 +646,9 @@ async fn balance_loop(
                         metrics.lease_event("released");
                     }
                 })
-                .await;
-                (shards, left)
+                .await
             });
-            handed.insert(task.id(), shards_of_task);
+            handed.insert(task.id(), shards);
         }
     }
     handing_back
