@@ -236,9 +236,11 @@ pub fn app_controller(
         // Dropped with this future: the namespace's Apps leave the per-App series.
         let _registration = registration;
         let readiness_ctx = ctx.clone();
-        // Aborted with this future, however it ends: an on-demand cache whose probe never
-        // answered would keep it (and the namespace's context) waiting for good.
-        let _readiness = AbortOnDrop(tokio::spawn(async move {
+        // Aborted with this future (a JoinSet aborts its tasks when dropped), however it ends:
+        // an on-demand cache whose probe never answered would keep it (and the namespace's
+        // context) waiting for good.
+        let mut readiness = tokio::task::JoinSet::new();
+        readiness.spawn(async move {
             if !crate::watch_cache::synced(&apps_synced).await
                 || !readiness_ctx.wait_for_caches(Default::default()).await
             {
@@ -247,7 +249,7 @@ pub fn app_controller(
             }
             ready.store(true, Ordering::SeqCst);
             info!("App controller caches synced");
-        }));
+        });
         controller
             .run(reconcile, error_policy, ctx)
             .for_each(|result| async move {
@@ -257,15 +259,6 @@ pub fn app_controller(
             })
             .await;
         info!("App controller stopped");
-    }
-}
-
-/// A task aborted when this is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -288,14 +281,16 @@ mod tests {
         Compact::of(obj)
     }
 
+    /// What the readiness task relies on.
     #[tokio::test]
-    async fn a_dropped_guard_stops_its_task_and_frees_what_it_held() {
+    async fn a_dropped_join_set_stops_its_task_and_frees_what_it_held() {
         let held = Arc::new(());
         let in_task = held.clone();
-        let guard = AbortOnDrop(tokio::spawn(async move {
+        let mut guard = tokio::task::JoinSet::new();
+        guard.spawn(async move {
             let _keep = in_task;
             futures::future::pending::<()>().await;
-        }));
+        });
         tokio::task::yield_now().await;
         assert_eq!(Arc::strong_count(&held), 2, "the task holds it while it runs");
         drop(guard);
