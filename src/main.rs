@@ -236,7 +236,7 @@ fn main() -> ExitCode {
                         renew_interval: (args.lease_duration / 3)
                             .min(args.renew_deadline / 2)
                             .max(std::time::Duration::from_millis(100)),
-                        ..Default::default()
+                        retry_period: args.shard_retry_period.max(std::time::Duration::from_millis(100)),
                     },
                     prometheus_url: args.prometheus_url,
                     analysis_limits: flotilla::rollout::AnalysisLimits {

@@ -154,6 +154,12 @@ pub struct RunArgs {
     /// Stop work in a shard not renewed for this long (shorter than the lease duration).
     #[arg(long, env = "FLOTILLA_RENEW_DEADLINE", default_value = "4s", value_parser = parse_duration)]
     pub renew_deadline: std::time::Duration,
+    /// How often a replica looks at the shard Leases when nothing wakes it. A shard released
+    /// or deleted, a replica that joins, leaves or fills its budget, and a Lease due to expire
+    /// each start a look at once; this period also sets how long a free shard is left to the
+    /// replica it is assigned to (four periods) before any replica may take it.
+    #[arg(long, env = "FLOTILLA_SHARD_RETRY_PERIOD", default_value = "500ms", value_parser = parse_duration)]
+    pub shard_retry_period: std::time::Duration,
     /// Log as JSON lines.
     #[arg(long, env = "FLOTILLA_LOG_JSON")]
     pub log_json: bool,
@@ -263,7 +269,7 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     match unit {
         "ms" => Ok(std::time::Duration::from_millis(n)),
         "s" => Ok(std::time::Duration::from_secs(n)),
-        "m" => Ok(std::time::Duration::from_secs(n * 60)),
+        "m" => Ok(std::time::Duration::from_secs(n.saturating_mul(60))),
         _ => Err(format!("invalid duration unit in {s:?}: use ms, s or m")),
     }
 }

@@ -136,6 +136,15 @@ impl Leases {
             .map_err(|source| LeaseError::Api { action: "listing", name: "*".into(), source })
     }
 
+    /// A watch of every shard and membership Lease (see `wake`), on the same connection.
+    pub fn watch(
+        &self,
+    ) -> impl futures::Stream<Item = Result<kube::runtime::watcher::Event<Lease>, kube::runtime::watcher::Error>>
+    + Send
+    + 'static {
+        kube::runtime::watcher(self.api.clone(), kube::runtime::watcher::Config::default().labels(LABEL_LEASE))
+    }
+
     fn fresh(&self, name: &str, kind: &str) -> Lease {
         Lease {
             metadata: ObjectMeta { name: Some(name.into()), labels: Some(self.labels(kind)), ..ObjectMeta::default() },

@@ -17,8 +17,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
-use tracing::{info, warn};
+use tokio::sync::{Notify, watch};
+use tracing::{debug, info, warn};
 
 use super::budget::Budget;
 use super::fence::Fence;
@@ -28,10 +28,14 @@ use super::leases::{
 };
 use super::plan::{ExpiryTracker, View, plan};
 use super::stuck::Progress;
+use super::wake::{Observed, watch_leases};
 use crate::telemetry::Metrics;
 
 /// Renewals in flight at once.
 const RENEWALS_IN_FLIGHT: usize = 8;
+/// Lease versions seen by the watch and not yet noted by the balance loop (it notes them
+/// between rounds; the watch waits meanwhile).
+const OBSERVED_IN_FLIGHT: usize = 256;
 /// Acquisitions (and releases) in flight at once.
 const ACQUISITIONS_IN_FLIGHT: usize = 4;
 
@@ -102,6 +106,9 @@ struct Holdings {
     held: Arc<Mutex<BTreeMap<u32, Held>>>,
     tx: Arc<watch::Sender<BTreeSet<u32>>>,
     fence: Fence,
+    /// Wakes the balance round: a shard this replica lost is its own stale Lease, taken back
+    /// (with compare-and-swap) at the next round.
+    wake: Arc<Notify>,
 }
 
 impl Holdings {
@@ -187,7 +194,9 @@ pub async fn run_shard_manager(
 ) {
     let ShardChannels { fence, held_tx, mut working_rx, ready, progress } = channels;
     metrics.shards_configured(settings.shards);
-    let holdings = Holdings { held: Arc::default(), tx: Arc::new(held_tx), fence };
+    let wake = Arc::new(Notify::new());
+    let (observed_tx, observed_rx) = tokio::sync::mpsc::channel(OBSERVED_IN_FLIGHT);
+    let holdings = Holdings { held: Arc::default(), tx: Arc::new(held_tx), fence, wake: wake.clone() };
     let renewing = renew_loop(
         leases.clone(),
         holdings.clone(),
@@ -202,9 +211,10 @@ pub async fn run_shard_manager(
         &working_rx,
         ready,
         progress,
-        shutdown,
+        (wake, observed_rx, shutdown.clone()),
     );
-    let (_, mut handing_back) = tokio::join!(renewing, balancing);
+    let watching = watch_leases(leases.clone(), observed_tx, shutdown);
+    let (_, mut handing_back, ()) = tokio::join!(renewing, balancing, watching);
 
     // Graceful handoff: stop all work, and release each shard's Lease as soon as its own work
     // has stopped, so that peers take over each shard at once. Shards whose work was cancelled
@@ -251,8 +261,11 @@ pub async fn run_shard_manager(
 /// How long a newly served namespace's App cache is waited for before more shards are taken
 /// under a memory budget (one that does not list by then, for want of rights, is not).
 const CACHES_FILL_WITHIN: Duration = Duration::from_secs(30);
-/// Looks in a row (every 500 ms) that find room before a full replica says it is no longer full.
-const FULL_CLEARS_AFTER: u32 = 10;
+/// How soon a round that could not plan (stuck, a failed list, work not ready) looks again,
+/// at most a retry period.
+const LOOK_AGAIN_SOON: Duration = Duration::from_millis(500);
+/// How long every look must find room before a full replica says it is no longer full.
+const FULL_CLEARS_AFTER: Duration = Duration::from_secs(5);
 
 type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
 
@@ -295,6 +308,7 @@ async fn renew_loop(
         for (shard, _) in holdings.remove(&shards) {
             metrics.lease_event("lost");
             warn!(shard, why, "lost shard: stopping its work");
+            holdings.wake.notify_one();
         }
     };
     loop {
@@ -396,6 +410,16 @@ async fn renew_loop(
     while pending.next().await.is_some() {}
 }
 
+/// Notes what the watch saw and tells whether a round should look at once: a change the
+/// watch says a round acts on, or a Lease seen free (expired, or never seen) that is held now,
+/// such as the membership of a peer back from a pause, whose fair share it is owed.
+fn note(tracker: &mut ExpiryTracker, o: &Observed, now_ms: u64, lease_duration: Duration) -> bool {
+    let Some((name, holder, version)) = &o.lease else { return o.wakes };
+    let was_free = tracker.is_free(name, now_ms, lease_duration);
+    tracker.observe(name, holder.as_deref(), version, now_ms);
+    o.wakes || (was_free && !tracker.is_free(name, now_ms, lease_duration))
+}
+
 /// What the balancing loop works with.
 struct Balancer {
     leases: Leases,
@@ -405,31 +429,41 @@ struct Balancer {
     metrics: Metrics,
 }
 
-/// Lists the Leases every retry period, takes free shards and hands surplus back. Runs until
-/// `shutdown`, and returns the hand-backs still waiting for their shards' work to stop.
+/// Lists the Leases every retry period, takes free shards and hands surplus back. A round
+/// also starts when the Lease watch (`observed`) reports a change a round acts on, when
+/// `wake` is notified (this replica lost a shard: its own stale Lease, to take back), and
+/// when a Lease seen held turns free without a renewal seen, so that a released or expired
+/// shard is taken then, not up to a retry period later. Between rounds it notes each Lease
+/// version the watch reports, so that expiry is judged from when each renewal arrived. Runs
+/// until `shutdown`, and returns the hand-backs still waiting for their shards' work to stop.
 async fn balance_loop(
     b: Balancer,
     working_rx: &watch::Receiver<BTreeSet<u32>>,
     ready: Arc<std::sync::atomic::AtomicBool>,
     progress: Progress,
-    mut shutdown: watch::Receiver<bool>,
+    (wake, mut observed, mut shutdown): (Arc<Notify>, tokio::sync::mpsc::Receiver<Observed>, watch::Receiver<bool>),
 ) -> HandBacks {
     let Balancer { leases, me, settings, holdings, metrics } = b;
     let start = Instant::now();
+    let ms = move |t: Instant| u64::try_from(t.duration_since(start).as_millis()).unwrap_or(u64::MAX);
     let mut tracker = ExpiryTracker::default();
     let mut last_listed: Option<Instant> = None;
     let mut failed_since = false;
     let mut budget_reached = false;
-    let mut room_seen = 0u32;
-    let mut tick = tokio::time::interval(settings.retry_period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Since when every look has found room under the budget.
+    let mut room_since: Option<Instant> = None;
+    let mut next_round = tokio::time::Instant::now();
     // The shards of each hand-back still running: out of this replica's holdings, their
     // Leases still name it. Planning leaves them alone (neither its own stale Leases to take
     // back, nor free) until their hand-back is done.
     let mut handing_back = HandBacks::new();
     let mut handed: BTreeMap<tokio::task::Id, Vec<u32>> = BTreeMap::new();
     loop {
-        tokio::select! {
+        let due = tracker
+            .next_expiry(ms(Instant::now()), settings.lease_duration)
+            .map(|(at, name)| (tokio::time::Instant::from_std(start + Duration::from_millis(at)), name.to_string()));
+        let due_at = due.as_ref().map_or(next_round, |(at, _)| *at);
+        let why = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
             Some(done) = handing_back.join_next_with_id(), if !handing_back.is_empty() => {
                 // A hand-back that failed released what it could; the rest expire, and the
@@ -447,9 +481,34 @@ async fn balance_loop(
                 handed.remove(&id);
                 continue;
             }
-            _ = tick.tick() => {}
-        }
+            Some(o) = observed.recv() => {
+                // What else has arrived is noted too, so that a burst (a relist) makes one round.
+                let mut wakes = note(&mut tracker, &o, ms(Instant::now()), settings.lease_duration);
+                while let Ok(o) = observed.try_recv() {
+                    wakes |= note(&mut tracker, &o, ms(Instant::now()), settings.lease_duration);
+                }
+                if !wakes {
+                    continue;
+                }
+                "a Lease changed"
+            }
+            () = wake.notified() => "a shard was lost",
+            () = tokio::time::sleep_until(due_at), if due_at < next_round => {
+                // The watch may have seen it renewed meanwhile.
+                let name = due.as_ref().map(|(_, n)| n.as_str()).unwrap_or_default();
+                if !tracker.is_free(name, ms(Instant::now()), settings.lease_duration) {
+                    continue;
+                }
+                "a Lease expires"
+            }
+            () = tokio::time::sleep_until(next_round) => "timer",
+        };
+        // A round that cannot plan (stuck, a failed list, work
+        // not ready) looks again soon: nothing would wake it when that ends.
+        next_round = tokio::time::Instant::now() + settings.retry_period;
+        let soon = tokio::time::Instant::now() + settings.retry_period.min(LOOK_AGAIN_SOON);
         if progress.stuck().is_some() {
+            next_round = soon;
             continue;
         }
         let all = match leases.list().await {
@@ -463,6 +522,7 @@ async fn balance_loop(
                 }
                 warn!(error = %e, "could not list Leases");
                 failed_since = true;
+                next_round = soon;
                 continue;
             }
         };
@@ -471,10 +531,14 @@ async fn balance_loop(
         let now = Instant::now();
         let now_ms = u64::try_from(now.duration_since(start).as_millis()).unwrap_or(u64::MAX);
         // After a time without seeing the Leases (failed lists, or a pause of this process),
-        // their holders may not have been able to renew either: count again from now.
+        // their holders may not have been able to renew either: count again from now. The
+        // gaps the timer makes on purpose (a retry period longer than a lease duration) are
+        // not such a time: counted as one, every round would start the clocks again and no
+        // expired Lease would ever be taken.
         if let Some(last) = last_listed {
             let gap = now.duration_since(last);
-            if gap > settings.renew_interval && (failed_since || gap > settings.lease_duration) {
+            let paused = settings.lease_duration.max(settings.retry_period + settings.renew_interval);
+            if gap > settings.renew_interval && (failed_since || gap > paused) {
                 info!(gap = ?gap, "Leases seen again after a gap: judging their expiry from now");
                 tracker.restart(now_ms);
             }
@@ -559,12 +623,13 @@ async fn balance_loop(
             .collect();
         let apps = metrics.app_index().count();
         let filling = metrics.app_index().unsynced(CACHES_FILL_WITHIN) > 0;
-        // Full at once; no longer full only after FULL_CLEARS_AFTER looks in a row that find
+        // Full at once; no longer full only once every look for FULL_CLEARS_AFTER has found
         // room, with every cache filled: peers then hand shards back, and a replica that
         // turned full again would leave them unowned for a while.
         let full_now = settings.budget.is_some_and(|b| b.is_full(apps, held.len()));
-        room_seen = if full_now || filling { 0 } else { room_seen + 1 };
-        let me_full = full_now || (budget_reached && room_seen < FULL_CLEARS_AFTER);
+        room_since = if full_now || filling { None } else { room_since.or(Some(now)) };
+        let me_full =
+            full_now || (budget_reached && room_since.is_none_or(|t| now.duration_since(t) < FULL_CLEARS_AFTER));
         if me_full {
             full.insert(me.clone(), held.len());
         }
@@ -601,6 +666,7 @@ async fn balance_loop(
         metrics.app_budget(settings.budget.map(|b| b.max_apps), me_full);
         if !ready.load(std::sync::atomic::Ordering::SeqCst) {
             decision.acquire.clear();
+            next_round = soon;
         }
         if !mismatched.is_empty() {
             // Two shard counts would map one namespace to two shards held by two replicas.
@@ -608,6 +674,19 @@ async fn balance_loop(
             decision.acquire.clear();
         }
 
+        if decision.acquire.is_empty() && decision.release.is_empty() {
+            debug!(why, live = live.len(), held = held.len(), free = ?free.keys().collect::<Vec<_>>(), "balance round: nothing to do");
+        } else {
+            info!(
+                why,
+                live = live.len(),
+                held = held.len(),
+                free = ?free.keys().collect::<Vec<_>>(),
+                acquire = ?decision.acquire,
+                release = ?decision.release,
+                "balance round"
+            );
+        }
         futures::stream::iter(decision.acquire)
             .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |shard| {
                 let read = by_shard.get(&shard).map(|l| (*l).clone());
@@ -652,4 +731,31 @@ async fn balance_loop(
         }
     }
     handing_back
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(6);
+
+    fn seen(name: &str, holder: Option<&str>, version: &str, wakes: bool) -> Observed {
+        Observed { lease: Some((name.into(), holder.map(String::from), version.into())), wakes }
+    }
+
+    #[test]
+    fn a_lease_held_again_after_it_expired_wakes_a_round_and_renewals_do_not() {
+        let mut t = ExpiryTracker::default();
+        let member = "flotilla-member-b";
+        assert!(note(&mut t, &seen(member, Some("b"), "1", false), 0, LEASE), "a peer never seen joins");
+        assert!(!note(&mut t, &seen(member, Some("b"), "2", false), 2_000, LEASE), "its renewal");
+        // Paused for longer than a lease duration: the same version again (a relist) is no news...
+        assert!(!note(&mut t, &seen(member, Some("b"), "2", false), 9_000, LEASE));
+        // ...its first renewal after the pause is: it is owed its share again.
+        assert!(note(&mut t, &seen(member, Some("b"), "3", false), 9_500, LEASE));
+        assert!(!t.is_free(member, 15_000, LEASE), "renewal noted when it arrived");
+        // What the watch says wakes, wakes.
+        assert!(note(&mut t, &seen("flotilla-shard-1", None, "7", true), 9_600, LEASE));
+        assert!(note(&mut t, &Observed { lease: None, wakes: true }, 9_700, LEASE));
+    }
 }

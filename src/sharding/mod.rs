@@ -10,5 +10,6 @@ pub mod manager;
 pub mod plan;
 pub mod singleton;
 pub mod stuck;
+pub mod wake;
 
 pub use hash::shard_of;

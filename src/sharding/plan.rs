@@ -65,6 +65,18 @@ impl ExpiryTracker {
         }
     }
 
+    /// The first Lease still held to turn free unless its holder renews it first, and when
+    /// (on the clock of `free_for`): a balance round is due then, if it has not been renewed.
+    pub fn next_expiry(&self, now_ms: u64, duration: Duration) -> Option<(u64, &str)> {
+        let duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        self.seen
+            .iter()
+            .filter(|(_, (holder, _, _))| holder.is_some())
+            .map(|(name, (_, _, since))| (since.saturating_add(duration_ms).saturating_add(1), name.as_str()))
+            .filter(|(at, _)| *at > now_ms)
+            .min()
+    }
+
     /// Whether the Lease was seen renewed within `duration` (for membership Leases).
     pub fn is_live(&self, lease: &str, now_ms: u64, duration: Duration) -> bool {
         !self.is_free(lease, now_ms, duration)
@@ -240,6 +252,21 @@ mod tests {
         assert_eq!(t.free_for("s1", 1_500, LEASE), Some(Duration::from_millis(1_500)));
         assert!(t.is_free("never-seen", 0, LEASE));
         assert_eq!(t.free_for("never-seen", 9_000, LEASE), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn the_next_expiry_is_the_first_moment_a_held_lease_is_free() {
+        let mut t = ExpiryTracker::default();
+        assert_eq!(t.next_expiry(0, LEASE), None, "nothing seen");
+        t.observe("s0", Some("b"), "10", 1_000);
+        t.observe("s1", Some("c"), "7", 2_500);
+        t.observe("s2", None, "3", 0);
+        assert_eq!(t.next_expiry(3_000, LEASE), Some((7_001, "s0")), "s0, unchanged since 1 s");
+        assert!(!t.is_free("s0", 7_000, LEASE) && t.is_free("s0", 7_001, LEASE));
+        assert_eq!(t.next_expiry(7_001, LEASE), Some((8_501, "s1")), "then s1; s0 is free already");
+        t.observe("s1", Some("c"), "8", 8_000);
+        assert_eq!(t.next_expiry(8_000, LEASE), Some((14_001, "s1")), "s1 was renewed");
+        assert_eq!(t.next_expiry(14_001, LEASE), None, "every Lease free: none left to expire");
     }
 
     #[test]

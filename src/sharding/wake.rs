@@ -1,0 +1,193 @@
+//! A watch of the Leases for the balance rounds. It tells them two things:
+//! - when a Lease changed in a way a round acts on at once (a shard Lease released or
+//!   deleted, a replica that joins, leaves or turns full), so that a released shard is not
+//!   left waiting for the next round (every retry period) and that round's list;
+//! - every version of every Lease as it arrives, so that the expiry tracker sees a renewal
+//!   when it happens, not at the next list: judged from lists alone, a Lease renewed just
+//!   after one list looks renewed only at the next, and expires that much later.
+//!
+//! The watch only hastens rounds and refines when a Lease is seen to change: each round still
+//! lists the Leases with a consistent read and takes a shard with compare-and-swap, and a
+//! version is stamped when it is noted, never earlier, so a late, lost or stale event can only
+//! delay a takeover. Renewals (most events) wake nothing.
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::Event;
+use std::collections::BTreeMap;
+use tokio::sync::{mpsc, watch};
+use tracing::debug;
+
+use super::leases::{LABEL_FULL, Leases, holder, is_member};
+
+/// What the watch remembers between events: each membership Lease seen, with whether it said
+/// its replica was full.
+#[derive(Debug, Default)]
+pub struct Seen {
+    members: BTreeMap<String, bool>,
+    /// Members seen since the watch (re)started its list, swapped in when the list is done.
+    listing: BTreeMap<String, bool>,
+}
+
+fn full(lease: &Lease) -> bool {
+    lease.metadata.labels.as_ref().and_then(|m| m.get(LABEL_FULL)).map(String::as_str) == Some("true")
+}
+
+impl Seen {
+    /// Whether `event` should start a balance round now.
+    pub fn wakes(&mut self, event: &Event<Lease>) -> bool {
+        match event {
+            Event::Init => {
+                self.listing.clear();
+                false
+            }
+            Event::InitApply(l) => {
+                if is_member(l) {
+                    self.listing.insert(l.metadata.name.clone().unwrap_or_default(), full(l));
+                }
+                false
+            }
+            // A relist may stand for changes the watch missed: look once.
+            Event::InitDone => {
+                self.members = std::mem::take(&mut self.listing);
+                true
+            }
+            Event::Apply(l) if is_member(l) => {
+                let name = l.metadata.name.clone().unwrap_or_default();
+                self.members.insert(name, full(l)) != Some(full(l))
+            }
+            Event::Apply(l) => holder(l).is_none(),
+            Event::Delete(l) => {
+                if is_member(l) {
+                    self.members.remove(l.metadata.name.as_deref().unwrap_or_default());
+                }
+                true
+            }
+        }
+    }
+}
+
+/// What the watch tells the balance loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// A Lease's name, holder and version as the watch saw it (none for a deletion or the end
+    /// of a relist).
+    pub lease: Option<(String, Option<String>, String)>,
+    /// Whether a round should look at once.
+    pub wakes: bool,
+}
+
+/// What of `event` the balance loop is told, if anything.
+pub fn observed(seen: &mut Seen, event: &Event<Lease>) -> Option<Observed> {
+    let wakes = seen.wakes(event);
+    let lease = match event {
+        Event::Apply(l) | Event::InitApply(l) => Some((
+            l.metadata.name.clone().unwrap_or_default(),
+            holder(l).map(str::to_string),
+            l.metadata.resource_version.clone().unwrap_or_default(),
+        )),
+        Event::Delete(_) | Event::Init | Event::InitDone => None,
+    };
+    (lease.is_some() || wakes).then_some(Observed { lease, wakes })
+}
+
+/// Watches the Leases until `shutdown` (or until the balance loop is gone), sending what the
+/// balance loop is to note. Watch errors are retried with kube's backoff; meanwhile rounds run
+/// on their own timer.
+pub async fn watch_leases(leases: Leases, tx: mpsc::Sender<Observed>, mut shutdown: watch::Receiver<bool>) {
+    let mut seen = Seen::default();
+    let mut events = std::pin::pin!(leases.watch().default_backoff());
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            event = events.next() => event,
+        };
+        match event {
+            Some(Ok(event)) => {
+                if let Some(o) = observed(&mut seen, &event)
+                    && tx.send(o).await.is_err()
+                {
+                    return;
+                }
+            }
+            Some(Err(e)) => debug!(error = %e, "watching Leases (rounds go on by their timer)"),
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn lease(name: &str, kind: &str, holder: Option<&str>, full: bool) -> Lease {
+        let labels = BTreeMap::from([
+            (super::super::leases::LABEL_LEASE.to_string(), kind.to_string()),
+            (LABEL_FULL.to_string(), full.to_string()),
+        ]);
+        Lease {
+            metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), ..ObjectMeta::default() },
+            spec: Some(LeaseSpec { holder_identity: holder.map(String::from), ..LeaseSpec::default() }),
+        }
+    }
+
+    #[test]
+    fn renewals_wake_nothing_and_what_a_round_acts_on_wakes_it() {
+        let mut seen = Seen::default();
+        let (a, b) = (
+            lease("flotilla-member-a", "member", Some("a"), false),
+            lease("flotilla-member-b", "member", Some("b"), false),
+        );
+        let held = lease("flotilla-shard-3", "shard", Some("a"), false);
+        // The first list: nothing until it is done, then one look.
+        assert!(!seen.wakes(&Event::Init));
+        assert!(!seen.wakes(&Event::InitApply(a.clone())));
+        assert!(!seen.wakes(&Event::InitApply(held.clone())));
+        assert!(seen.wakes(&Event::InitDone));
+        // Renewals of a known member and of a held shard.
+        assert!(!seen.wakes(&Event::Apply(a.clone())));
+        assert!(!seen.wakes(&Event::Apply(held.clone())));
+        // A shard taken by a peer: nothing to do.
+        assert!(!seen.wakes(&Event::Apply(lease("flotilla-shard-4", "shard", Some("b"), false))));
+        // A replica joins (then renews), turns full, clears.
+        assert!(seen.wakes(&Event::Apply(b.clone())));
+        assert!(!seen.wakes(&Event::Apply(b.clone())));
+        assert!(seen.wakes(&Event::Apply(lease("flotilla-member-b", "member", Some("b"), true))));
+        assert!(seen.wakes(&Event::Apply(b.clone())));
+        // A shard released, a shard Lease deleted, a replica that leaves (and comes back).
+        assert!(seen.wakes(&Event::Apply(lease("flotilla-shard-3", "shard", None, false))));
+        assert!(seen.wakes(&Event::Delete(held)));
+        assert!(seen.wakes(&Event::Delete(a.clone())));
+        assert!(seen.wakes(&Event::Apply(a)));
+    }
+
+    #[test]
+    fn every_version_is_passed_on_and_only_what_a_round_acts_on_wakes() {
+        let mut seen = Seen::default();
+        let held = lease("flotilla-shard-3", "shard", Some("a"), false);
+        assert_eq!(observed(&mut seen, &Event::Init), None, "nothing to note or do");
+        let renewal = observed(&mut seen, &Event::Apply(held.clone())).expect("noted");
+        assert_eq!(
+            renewal,
+            Observed { lease: Some(("flotilla-shard-3".into(), Some("a".into()), String::new())), wakes: false }
+        );
+        let released =
+            observed(&mut seen, &Event::Apply(lease("flotilla-shard-3", "shard", None, false))).expect("noted");
+        assert_eq!(released, Observed { lease: Some(("flotilla-shard-3".into(), None, String::new())), wakes: true });
+        assert_eq!(observed(&mut seen, &Event::Delete(held)), Some(Observed { lease: None, wakes: true }));
+    }
+
+    #[test]
+    fn a_relist_forgets_members_that_went_while_the_watch_was_down() {
+        let mut seen = Seen::default();
+        let a = lease("flotilla-member-a", "member", Some("a"), false);
+        seen.wakes(&Event::Apply(a.clone()));
+        // The watch restarts; a is gone from the new list.
+        seen.wakes(&Event::Init);
+        seen.wakes(&Event::InitDone);
+        assert!(seen.wakes(&Event::Apply(a)), "a is new again after the relist");
+    }
+}
