@@ -197,6 +197,11 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::FAILURE;
             }
+            let retry = std::time::Duration::from_millis(100)..=std::time::Duration::from_secs(300);
+            if !retry.contains(&args.shard_retry_period) {
+                eprintln!("error: --shard-retry-period ({:?}) must be between 100ms and 5m", args.shard_retry_period);
+                return ExitCode::FAILURE;
+            }
             if args.stuck_after < args.request_timeout * 2 {
                 eprintln!(
                     "error: --stuck-after ({:?}) must be at least twice --request-timeout ({:?}): a replica is judged stuck only when its requests stay unanswered well past their own deadline",
@@ -236,7 +241,7 @@ fn main() -> ExitCode {
                         renew_interval: (args.lease_duration / 3)
                             .min(args.renew_deadline / 2)
                             .max(std::time::Duration::from_millis(100)),
-                        retry_period: args.shard_retry_period.max(std::time::Duration::from_millis(100)),
+                        retry_period: args.shard_retry_period,
                     },
                     prometheus_url: args.prometheus_url,
                     analysis_limits: flotilla::rollout::AnalysisLimits {

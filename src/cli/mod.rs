@@ -156,8 +156,8 @@ pub struct RunArgs {
     pub renew_deadline: std::time::Duration,
     /// How often a replica looks at the shard Leases when nothing wakes it. A shard released
     /// or deleted, a replica that joins, leaves or fills its budget, and a Lease due to expire
-    /// each start a look at once; this period also sets how long a free shard is left to the
-    /// replica it is assigned to (four periods) before any replica may take it.
+    /// each start a look at once; a free shard is left to the replica it is assigned to for
+    /// four periods, at most 2 s, before any replica may take it. Between 100ms and 5m.
     #[arg(long, env = "FLOTILLA_SHARD_RETRY_PERIOD", default_value = "500ms", value_parser = parse_duration)]
     pub shard_retry_period: std::time::Duration,
     /// Log as JSON lines.

@@ -70,9 +70,11 @@ impl Default for ShardSettings {
 }
 
 impl ShardSettings {
-    /// How long a free shard is left to the replica the shared assignment gives it to.
+    /// How long a free shard is left to the replica the shared assignment gives it to: four
+    /// looks, at most 2 s (a release or an expiry wakes that replica at once; a longer retry
+    /// period must not leave a shard it does not take unowned for minutes).
     fn grace(&self) -> Duration {
-        self.retry_period * 4
+        (self.retry_period * 4).min(MAX_GRACE)
     }
 }
 
@@ -261,6 +263,8 @@ pub async fn run_shard_manager(
 /// How long a newly served namespace's App cache is waited for before more shards are taken
 /// under a memory budget (one that does not list by then, for want of rights, is not).
 const CACHES_FILL_WITHIN: Duration = Duration::from_secs(30);
+/// The longest a free shard is left to its assigned replica alone.
+const MAX_GRACE: Duration = Duration::from_secs(2);
 /// How soon a round that could not plan (stuck, a failed list, work not ready) looks again,
 /// at most a retry period.
 const LOOK_AGAIN_SOON: Duration = Duration::from_millis(500);
@@ -411,13 +415,15 @@ async fn renew_loop(
 }
 
 /// Notes what the watch saw and tells whether a round should look at once: a change the
-/// watch says a round acts on, or a Lease seen free (expired, or never seen) that is held now,
-/// such as the membership of a peer back from a pause, whose fair share it is owed.
+/// watch says a round acts on, or a membership Lease seen free (expired, or never seen) that
+/// is held now: a peer back from a pause, owed its fair share. (A shard Lease taken is not:
+/// each acquisition would wake its own replica again.)
 fn note(tracker: &mut ExpiryTracker, o: &Observed, now_ms: u64, lease_duration: Duration) -> bool {
     let Some((name, holder, version)) = &o.lease else { return o.wakes };
     let was_free = tracker.is_free(name, now_ms, lease_duration);
     tracker.observe(name, holder.as_deref(), version, now_ms);
-    o.wakes || (was_free && !tracker.is_free(name, now_ms, lease_duration))
+    let member = shard_of_lease(name).is_none();
+    o.wakes || (member && was_free && !tracker.is_free(name, now_ms, lease_duration))
 }
 
 /// What the balancing loop works with.
@@ -459,11 +465,22 @@ async fn balance_loop(
     let mut handing_back = HandBacks::new();
     let mut handed: BTreeMap<tokio::task::Id, Vec<u32>> = BTreeMap::new();
     loop {
+        // Note what arrived during the last round before judging what is due.
+        let mut woken = false;
+        while let Ok(o) = observed.try_recv() {
+            woken |= note(&mut tracker, &o, ms(Instant::now()), settings.lease_duration);
+        }
         let due = tracker
-            .next_expiry(ms(Instant::now()), settings.lease_duration)
+            .next_due(ms(Instant::now()), settings.lease_duration, settings.grace())
             .map(|(at, name)| (tokio::time::Instant::from_std(start + Duration::from_millis(at)), name.to_string()));
         let due_at = due.as_ref().map_or(next_round, |(at, _)| *at);
-        let why = tokio::select! {
+        // When a timer would start the next round at the earliest: waking much later than that
+        // means this process was paused (or starved), not that a round was slow.
+        let scheduled = due_at.min(next_round).max(tokio::time::Instant::now());
+        let why = if woken {
+            "a Lease changed"
+        } else {
+            tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
             Some(done) = handing_back.join_next_with_id(), if !handing_back.is_empty() => {
                 // A hand-back that failed released what it could; the rest expire, and the
@@ -494,7 +511,8 @@ async fn balance_loop(
             }
             () = wake.notified() => "a shard was lost",
             () = tokio::time::sleep_until(due_at), if due_at < next_round => {
-                // The watch may have seen it renewed meanwhile.
+                // Its expiry: the watch may have seen it renewed meanwhile (the end of a
+                // grace finds it free).
                 let name = due.as_ref().map(|(_, n)| n.as_str()).unwrap_or_default();
                 if !tracker.is_free(name, ms(Instant::now()), settings.lease_duration) {
                     continue;
@@ -502,7 +520,9 @@ async fn balance_loop(
                 "a Lease expires"
             }
             () = tokio::time::sleep_until(next_round) => "timer",
+            }
         };
+        let late = tokio::time::Instant::now().saturating_duration_since(scheduled);
         // A round that cannot plan (stuck, a failed list, work
         // not ready) looks again soon: nothing would wake it when that ends.
         next_round = tokio::time::Instant::now() + settings.retry_period;
@@ -530,16 +550,15 @@ async fn balance_loop(
         // the start of the round would make a peer's fresh renewal look older than it is.
         let now = Instant::now();
         let now_ms = u64::try_from(now.duration_since(start).as_millis()).unwrap_or(u64::MAX);
-        // After a time without seeing the Leases (failed lists, or a pause of this process),
-        // their holders may not have been able to renew either: count again from now. The
-        // gaps the timer makes on purpose (a retry period longer than a lease duration) are
-        // not such a time: counted as one, every round would start the clocks again and no
-        // expired Lease would ever be taken.
+        // After a time without seeing the Leases (failed lists, or a pause of this process:
+        // the loop woke long after its timer was due), their holders may not have been able
+        // to renew either: count again from now. The gaps the timer makes on purpose (a retry
+        // period longer than a lease duration) and slow rounds are not such a time: counted
+        // as one, rounds would start the clocks again and no expired Lease would be taken.
         if let Some(last) = last_listed {
             let gap = now.duration_since(last);
-            let paused = settings.lease_duration.max(settings.retry_period + settings.renew_interval);
-            if gap > settings.renew_interval && (failed_since || gap > paused) {
-                info!(gap = ?gap, "Leases seen again after a gap: judging their expiry from now");
+            if (failed_since && gap > settings.renew_interval) || late > settings.renew_interval {
+                info!(gap = ?gap, late = ?late, "Leases seen again after a gap: judging their expiry from now");
                 tracker.restart(now_ms);
             }
         }
@@ -664,6 +683,11 @@ async fn balance_loop(
         }
         budget_reached = me_full;
         metrics.app_budget(settings.budget.map(|b| b.max_apps), me_full);
+        // Caches filling or room being confirmed under the budget: nothing wakes a round when
+        // that ends.
+        if settings.budget.is_some() && (filling || (me_full && !full_now)) {
+            next_round = soon;
+        }
         if !ready.load(std::sync::atomic::Ordering::SeqCst) {
             decision.acquire.clear();
             next_round = soon;
@@ -672,6 +696,7 @@ async fn balance_loop(
             // Two shard counts would map one namespace to two shards held by two replicas.
             warn!(shards = settings.shards, others = ?mismatched, "live replicas run with a different --shards; taking no shard until they agree");
             decision.acquire.clear();
+            next_round = soon;
         }
 
         if decision.acquire.is_empty() && decision.release.is_empty() {
@@ -687,11 +712,12 @@ async fn balance_loop(
                 "balance round"
             );
         }
+        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         futures::stream::iter(decision.acquire)
             .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |shard| {
                 let read = by_shard.get(&shard).map(|l| (*l).clone());
-                let (leases, holdings, metrics, progress) =
-                    (leases.clone(), holdings.clone(), metrics.clone(), progress.clone());
+                let (leases, holdings, metrics, progress, failed) =
+                    (leases.clone(), holdings.clone(), metrics.clone(), progress.clone(), failed.clone());
                 async move {
                     let sent = Instant::now();
                     match leases.acquire(shard, read.as_ref()).await {
@@ -702,11 +728,17 @@ async fn balance_loop(
                             holdings.insert(shard, lease, sent);
                         }
                         Ok(None) => progress.control_answered(),
-                        Err(e) => warn!(shard, error = %e, "could not acquire shard"),
+                        Err(e) => {
+                            warn!(shard, error = %e, "could not acquire shard");
+                            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
                     }
                 }
             })
             .await;
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            next_round = soon;
+        }
         if !decision.release.is_empty() {
             let release = holdings.remove(&decision.release);
             let shards: Vec<u32> = release.iter().map(|(s, _)| *s).collect();
@@ -754,6 +786,8 @@ mod tests {
         // ...its first renewal after the pause is: it is owed its share again.
         assert!(note(&mut t, &seen(member, Some("b"), "3", false), 9_500, LEASE));
         assert!(!t.is_free(member, 15_000, LEASE), "renewal noted when it arrived");
+        // A shard Lease taken (by this replica or a peer) is no news to act on.
+        assert!(!note(&mut t, &seen("flotilla-shard-2", Some("c"), "4", false), 9_550, LEASE));
         // What the watch says wakes, wakes.
         assert!(note(&mut t, &seen("flotilla-shard-1", None, "7", true), 9_600, LEASE));
         assert!(note(&mut t, &Observed { lease: None, wakes: true }, 9_700, LEASE));

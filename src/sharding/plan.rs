@@ -65,14 +65,19 @@ impl ExpiryTracker {
         }
     }
 
-    /// The first Lease still held to turn free unless its holder renews it first, and when
-    /// (on the clock of `free_for`): a balance round is due then, if it has not been renewed.
-    pub fn next_expiry(&self, now_ms: u64, duration: Duration) -> Option<(u64, &str)> {
+    /// The next moment (on the clock of `free_for`) a balance round is due, and the Lease it
+    /// is due for: when a Lease still held turns free unless its holder renews it first, or
+    /// when a free Lease has been free for `grace` and is open to any replica.
+    pub fn next_due(&self, now_ms: u64, duration: Duration, grace: Duration) -> Option<(u64, &str)> {
         let duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         self.seen
             .iter()
-            .filter(|(_, (holder, _, _))| holder.is_some())
-            .map(|(name, (_, _, since))| (since.saturating_add(duration_ms).saturating_add(1), name.as_str()))
+            .flat_map(|(name, (holder, _, since))| {
+                let free_from = if holder.is_some() { since.saturating_add(duration_ms) } else { *since };
+                let expiry = holder.is_some().then(|| free_from.saturating_add(1));
+                [expiry, Some(free_from.saturating_add(grace_ms))].into_iter().flatten().map(|at| (at, name.as_str()))
+            })
             .filter(|(at, _)| *at > now_ms)
             .min()
     }
@@ -257,16 +262,19 @@ mod tests {
     #[test]
     fn the_next_expiry_is_the_first_moment_a_held_lease_is_free() {
         let mut t = ExpiryTracker::default();
-        assert_eq!(t.next_expiry(0, LEASE), None, "nothing seen");
+        assert_eq!(t.next_due(0, LEASE, GRACE), None, "nothing seen");
         t.observe("s0", Some("b"), "10", 1_000);
         t.observe("s1", Some("c"), "7", 2_500);
         t.observe("s2", None, "3", 0);
-        assert_eq!(t.next_expiry(3_000, LEASE), Some((7_001, "s0")), "s0, unchanged since 1 s");
+        assert_eq!(t.next_due(0, LEASE, GRACE), Some((2_000, "s2")), "s2, released at 0, open to all at 2 s");
+        assert_eq!(t.next_due(3_000, LEASE, GRACE), Some((7_001, "s0")), "s0, unchanged since 1 s");
         assert!(!t.is_free("s0", 7_000, LEASE) && t.is_free("s0", 7_001, LEASE));
-        assert_eq!(t.next_expiry(7_001, LEASE), Some((8_501, "s1")), "then s1; s0 is free already");
+        assert_eq!(t.next_due(7_001, LEASE, GRACE), Some((8_501, "s1")), "then s1; s0 is free already");
         t.observe("s1", Some("c"), "8", 8_000);
-        assert_eq!(t.next_expiry(8_000, LEASE), Some((14_001, "s1")), "s1 was renewed");
-        assert_eq!(t.next_expiry(14_001, LEASE), None, "every Lease free: none left to expire");
+        assert_eq!(t.next_due(8_000, LEASE, GRACE), Some((9_000, "s0")), "s0's grace ends");
+        assert_eq!(t.free_for("s0", 9_000, LEASE), Some(GRACE));
+        assert_eq!(t.next_due(9_000, LEASE, GRACE), Some((14_001, "s1")), "s1 was renewed");
+        assert_eq!(t.next_due(16_000, LEASE, GRACE), None, "every Lease free and past its grace");
     }
 
     #[test]

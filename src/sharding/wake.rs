@@ -17,7 +17,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::Event;
 use std::collections::BTreeMap;
 use tokio::sync::{mpsc, watch};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::leases::{LABEL_FULL, Leases, holder, is_member};
 
@@ -98,6 +98,7 @@ pub fn observed(seen: &mut Seen, event: &Event<Lease>) -> Option<Observed> {
 pub async fn watch_leases(leases: Leases, tx: mpsc::Sender<Observed>, mut shutdown: watch::Receiver<bool>) {
     let mut seen = Seen::default();
     let mut events = std::pin::pin!(leases.watch().default_backoff());
+    let mut failing = false;
     loop {
         let event = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
@@ -105,13 +106,19 @@ pub async fn watch_leases(leases: Leases, tx: mpsc::Sender<Observed>, mut shutdo
         };
         match event {
             Some(Ok(event)) => {
+                failing = false;
                 if let Some(o) = observed(&mut seen, &event)
                     && tx.send(o).await.is_err()
                 {
                     return;
                 }
             }
-            Some(Err(e)) => debug!(error = %e, "watching Leases (rounds go on by their timer)"),
+            // Once per outage at warn: kube's backoff retries every few seconds.
+            Some(Err(e)) if !failing => {
+                failing = true;
+                warn!(error = %e, "watching Leases failed: rounds go on by their timer, and expiry is judged from lists");
+            }
+            Some(Err(e)) => debug!(error = %e, "watching Leases"),
             None => return,
         }
     }
