@@ -263,6 +263,9 @@ pub async fn run_shard_manager(
 /// How long a newly served namespace's App cache is waited for before more shards are taken
 /// under a memory budget (one that does not list by then, for want of rights, is not).
 const CACHES_FILL_WITHIN: Duration = Duration::from_secs(30);
+/// The shortest lateness of the loop counted as a pause of the process (with a short renew
+/// interval, scheduling delays under load are not pauses).
+const MIN_PAUSE: Duration = Duration::from_secs(1);
 /// The longest a free shard is left to its assigned replica alone.
 const MAX_GRACE: Duration = Duration::from_secs(2);
 /// How soon a round that could not plan (stuck, a failed list, work not ready) looks again,
@@ -453,21 +456,35 @@ async fn balance_loop(
     let start = Instant::now();
     let ms = move |t: Instant| u64::try_from(t.duration_since(start).as_millis()).unwrap_or(u64::MAX);
     let mut tracker = ExpiryTracker::default();
-    let mut last_listed: Option<Instant> = None;
+    // From the start: lists failing from the first one are a time without seeing, too.
+    let mut last_listed: Option<Instant> = Some(start);
+    // When the watch last reported anything, and its longest silence since the last list:
+    // while it reports, the Leases (every renewal) are seen.
+    let mut last_heard = start;
+    let mut silence = Duration::ZERO;
     let mut failed_since = false;
     let mut budget_reached = false;
     // Since when every look has found room under the budget.
     let mut room_since: Option<Instant> = None;
     let mut next_round = tokio::time::Instant::now();
+    // Whether the last pass of the loop ran a round (however it ended).
+    let mut ran = false;
     // The shards of each hand-back still running: out of this replica's holdings, their
     // Leases still name it. Planning leaves them alone (neither its own stale Leases to take
     // back, nor free) until their hand-back is done.
     let mut handing_back = HandBacks::new();
     let mut handed: BTreeMap<tokio::task::Id, Vec<u32>> = BTreeMap::new();
     loop {
+        // A round slower than the retry period is followed by the next at once; the timer is
+        // not late for it.
+        if std::mem::take(&mut ran) {
+            next_round = next_round.max(tokio::time::Instant::now());
+        }
         // Note what arrived during the last round before judging what is due.
         let mut woken = false;
         while let Ok(o) = observed.try_recv() {
+            silence = silence.max(last_heard.elapsed());
+            last_heard = Instant::now();
             woken |= note(&mut tracker, &o, ms(Instant::now()), settings.lease_duration);
         }
         let due = tracker
@@ -475,8 +492,10 @@ async fn balance_loop(
             .map(|(at, name)| (tokio::time::Instant::from_std(start + Duration::from_millis(at)), name.to_string()));
         let due_at = due.as_ref().map_or(next_round, |(at, _)| *at);
         // When a timer would start the next round at the earliest: waking much later than that
-        // means this process was paused (or starved), not that a round was slow.
-        let scheduled = due_at.min(next_round).max(tokio::time::Instant::now());
+        // means this process was paused (or starved), not that a round was slow. `next_round`
+        // outlives the passes that only note the watch's news, so a pause is seen whichever
+        // branch wakes first.
+        let scheduled = due_at.min(next_round);
         let why = if woken {
             "a Lease changed"
         } else {
@@ -499,6 +518,8 @@ async fn balance_loop(
                 continue;
             }
             Some(o) = observed.recv() => {
+                silence = silence.max(last_heard.elapsed());
+                last_heard = Instant::now();
                 // What else has arrived is noted too, so that a burst (a relist) makes one round.
                 let mut wakes = note(&mut tracker, &o, ms(Instant::now()), settings.lease_duration);
                 while let Ok(o) = observed.try_recv() {
@@ -523,6 +544,7 @@ async fn balance_loop(
             }
         };
         let late = tokio::time::Instant::now().saturating_duration_since(scheduled);
+        ran = true;
         // A round that cannot plan (stuck, a failed list, work
         // not ready) looks again soon: nothing would wake it when that ends.
         next_round = tokio::time::Instant::now() + settings.retry_period;
@@ -542,7 +564,8 @@ async fn balance_loop(
                 }
                 warn!(error = %e, "could not list Leases");
                 failed_since = true;
-                next_round = soon;
+                // From now, not from the round's start: a list that timed out is not retried at once.
+                next_round = tokio::time::Instant::now() + settings.retry_period.min(LOOK_AGAIN_SOON);
                 continue;
             }
         };
@@ -557,13 +580,18 @@ async fn balance_loop(
         // as one, rounds would start the clocks again and no expired Lease would be taken.
         if let Some(last) = last_listed {
             let gap = now.duration_since(last);
-            if (failed_since && gap > settings.renew_interval) || late > settings.renew_interval {
+            // Failed lists count only if the watch fell silent too (it sees every renewal); a
+            // relist after an outage ends a silence, it does not undo it.
+            let silent = silence.max(last_heard.elapsed()) > settings.renew_interval;
+            let unseen = failed_since && gap > settings.renew_interval && silent;
+            if unseen || late > settings.renew_interval.max(MIN_PAUSE) {
                 info!(gap = ?gap, late = ?late, "Leases seen again after a gap: judging their expiry from now");
                 tracker.restart(now_ms);
             }
         }
         last_listed = Some(now);
         failed_since = false;
+        silence = Duration::ZERO;
 
         let mut present: BTreeSet<String> = all.iter().filter_map(|l| l.metadata.name.clone()).collect();
         for l in &all {

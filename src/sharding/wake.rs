@@ -68,6 +68,39 @@ impl Seen {
     }
 }
 
+/// Retry delays of the Lease watch: 250 ms, doubling to at most 2 s, and from the start again
+/// once an event arrives. kube's default backoff waits up to 30 s and forgets its delays only
+/// after 2 min without errors: after an apiserver outage a replica's watch came back 45 s
+/// later, and a shard released meanwhile waited for its timer. This watch serves failover,
+/// and it is one small request per replica.
+#[derive(Debug)]
+struct Retry(std::time::Duration);
+
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(250);
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self(RETRY_FIRST)
+    }
+}
+
+impl Iterator for Retry {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let delay = self.0;
+        self.0 = (delay * 2).min(RETRY_MAX);
+        Some(delay)
+    }
+}
+
+impl kube::runtime::utils::Backoff for Retry {
+    fn reset(&mut self) {
+        self.0 = RETRY_FIRST;
+    }
+}
+
 /// What the watch tells the balance loop.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
@@ -97,7 +130,7 @@ pub fn observed(seen: &mut Seen, event: &Event<Lease>) -> Option<Observed> {
 /// on their own timer.
 pub async fn watch_leases(leases: Leases, tx: mpsc::Sender<Observed>, mut shutdown: watch::Receiver<bool>) {
     let mut seen = Seen::default();
-    let mut events = std::pin::pin!(leases.watch().default_backoff());
+    let mut events = std::pin::pin!(leases.watch().backoff(Retry::default()));
     let mut failing = false;
     loop {
         let event = tokio::select! {
@@ -185,6 +218,16 @@ mod tests {
             observed(&mut seen, &Event::Apply(lease("flotilla-shard-3", "shard", None, false))).expect("noted");
         assert_eq!(released, Observed { lease: Some(("flotilla-shard-3".into(), None, String::new())), wakes: true });
         assert_eq!(observed(&mut seen, &Event::Delete(held)), Some(Observed { lease: None, wakes: true }));
+    }
+
+    #[test]
+    fn the_watch_retries_within_two_seconds_and_starts_again_after_an_event() {
+        use kube::runtime::utils::Backoff;
+        let mut r = Retry::default();
+        let delays: Vec<u64> = (0..6).filter_map(|_| r.next()).map(|d| d.as_millis() as u64).collect();
+        assert_eq!(delays, vec![250, 500, 1_000, 2_000, 2_000, 2_000]);
+        r.reset();
+        assert_eq!(r.next(), Some(RETRY_FIRST));
     }
 
     #[test]
