@@ -469,6 +469,8 @@ async fn balance_loop(
     let mut next_round = tokio::time::Instant::now();
     // Whether the last pass of the loop ran a round (however it ended).
     let mut ran = false;
+    // What the watch reported while the loop waited; noted with the rest at the loop's top.
+    let mut arrived: Option<Observed> = None;
     // The shards of each hand-back still running: out of this replica's holdings, their
     // Leases still name it. Planning leaves them alone (neither its own stale Leases to take
     // back, nor free) until their hand-back is done.
@@ -480,9 +482,10 @@ async fn balance_loop(
         if std::mem::take(&mut ran) {
             next_round = next_round.max(tokio::time::Instant::now());
         }
-        // Note what arrived during the last round before judging what is due.
+        // Note what arrived (while waiting, or during the last round) before judging what is
+        // due: a burst (a relist) makes one round.
         let mut woken = false;
-        while let Ok(o) = observed.try_recv() {
+        while let Some(o) = arrived.take().or_else(|| observed.try_recv().ok()) {
             silence = silence.max(last_heard.elapsed());
             last_heard = Instant::now();
             woken |= note(&mut tracker, &o, ms(Instant::now()), settings.lease_duration);
@@ -518,17 +521,8 @@ async fn balance_loop(
                 continue;
             }
             Some(o) = observed.recv() => {
-                silence = silence.max(last_heard.elapsed());
-                last_heard = Instant::now();
-                // What else has arrived is noted too, so that a burst (a relist) makes one round.
-                let mut wakes = note(&mut tracker, &o, ms(Instant::now()), settings.lease_duration);
-                while let Ok(o) = observed.try_recv() {
-                    wakes |= note(&mut tracker, &o, ms(Instant::now()), settings.lease_duration);
-                }
-                if !wakes {
-                    continue;
-                }
-                "a Lease changed"
+                arrived = Some(o);
+                continue;
             }
             () = wake.notified() => "a shard was lost",
             () = tokio::time::sleep_until(due_at), if due_at < next_round => {
@@ -548,9 +542,11 @@ async fn balance_loop(
         // A round that cannot plan (stuck, a failed list, work
         // not ready) looks again soon: nothing would wake it when that ends.
         next_round = tokio::time::Instant::now() + settings.retry_period;
-        let soon = tokio::time::Instant::now() + settings.retry_period.min(LOOK_AGAIN_SOON);
+        // Measured when a round gives up, not when it started: a slow list or acquisition is
+        // not retried at once.
+        let soon = || tokio::time::Instant::now() + settings.retry_period.min(LOOK_AGAIN_SOON);
         if progress.stuck().is_some() {
-            next_round = soon;
+            next_round = soon();
             continue;
         }
         let all = match leases.list().await {
@@ -564,8 +560,7 @@ async fn balance_loop(
                 }
                 warn!(error = %e, "could not list Leases");
                 failed_since = true;
-                // From now, not from the round's start: a list that timed out is not retried at once.
-                next_round = tokio::time::Instant::now() + settings.retry_period.min(LOOK_AGAIN_SOON);
+                next_round = soon();
                 continue;
             }
         };
@@ -714,17 +709,17 @@ async fn balance_loop(
         // Caches filling or room being confirmed under the budget: nothing wakes a round when
         // that ends.
         if settings.budget.is_some() && (filling || (me_full && !full_now)) {
-            next_round = soon;
+            next_round = soon();
         }
         if !ready.load(std::sync::atomic::Ordering::SeqCst) {
             decision.acquire.clear();
-            next_round = soon;
+            next_round = soon();
         }
         if !mismatched.is_empty() {
             // Two shard counts would map one namespace to two shards held by two replicas.
             warn!(shards = settings.shards, others = ?mismatched, "live replicas run with a different --shards; taking no shard until they agree");
             decision.acquire.clear();
-            next_round = soon;
+            next_round = soon();
         }
 
         if decision.acquire.is_empty() && decision.release.is_empty() {
@@ -765,7 +760,7 @@ async fn balance_loop(
             })
             .await;
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
-            next_round = soon;
+            next_round = soon();
         }
         if !decision.release.is_empty() {
             let release = holdings.remove(&decision.release);
