@@ -190,7 +190,12 @@ fn main() -> ExitCode {
         }),
         Command::Run(args) => {
             let args = *args;
-            if args.renew_deadline + std::time::Duration::from_secs(1) > args.lease_duration {
+            let hour = std::time::Duration::from_secs(3600);
+            if args.lease_duration > hour {
+                eprintln!("error: --lease-duration ({:?}) must be at most 1h", args.lease_duration);
+                return ExitCode::FAILURE;
+            }
+            if args.renew_deadline.saturating_add(std::time::Duration::from_secs(1)) > args.lease_duration {
                 eprintln!(
                     "error: --renew-deadline ({:?}) must be at least 1s shorter than --lease-duration ({:?}): a replica must stop working in a shard before a peer may take it",
                     args.renew_deadline, args.lease_duration

@@ -97,6 +97,11 @@ impl Leases {
         }
     }
 
+    /// How long any Lease call may take before it is given up.
+    pub fn call_timeout(&self) -> std::time::Duration {
+        self.call_timeout
+    }
+
     /// Sets what the next heartbeats announce: whether this replica is at its memory budget.
     pub fn announce_full(&self, full: bool) {
         self.full.store(full, std::sync::atomic::Ordering::Relaxed);

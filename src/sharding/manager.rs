@@ -28,7 +28,7 @@ use super::leases::{
 };
 use super::plan::{ExpiryTracker, View, plan};
 use super::stuck::Progress;
-use super::wake::{Observed, watch_leases};
+use super::wake::{Hearing, Observed, watch_leases};
 use crate::telemetry::Metrics;
 
 /// Renewals in flight at once.
@@ -199,6 +199,7 @@ pub async fn run_shard_manager(
     let wake = Arc::new(Notify::new());
     let (observed_tx, observed_rx) = tokio::sync::mpsc::channel(OBSERVED_IN_FLIGHT);
     let holdings = Holdings { held: Arc::default(), tx: Arc::new(held_tx), fence, wake: wake.clone() };
+    let hearing = Hearing::new(Instant::now());
     let renewing = renew_loop(
         leases.clone(),
         holdings.clone(),
@@ -209,13 +210,20 @@ pub async fn run_shard_manager(
         shutdown.clone(),
     );
     let balancing = balance_loop(
-        Balancer { leases: leases.clone(), me, settings, holdings: holdings.clone(), metrics: metrics.clone() },
+        Balancer {
+            leases: leases.clone(),
+            me,
+            settings,
+            holdings: holdings.clone(),
+            metrics: metrics.clone(),
+            hearing: hearing.clone(),
+        },
         &working_rx,
         ready,
         progress,
         (wake, observed_rx, shutdown.clone()),
     );
-    let watching = watch_leases(leases.clone(), observed_tx, shutdown);
+    let watching = watch_leases(leases.clone(), observed_tx, hearing, shutdown);
     let (_, mut handing_back, ()) = tokio::join!(renewing, balancing, watching);
 
     // Graceful handoff: stop all work, and release each shard's Lease as soon as its own work
@@ -429,6 +437,41 @@ fn note(tracker: &mut ExpiryTracker, o: &Observed, now_ms: u64, lease_duration: 
     o.wakes || (member && was_free && !tracker.is_free(name, now_ms, lease_duration))
 }
 
+/// What a round knows of the time since the Leases were last seen.
+#[derive(Clone, Copy, Debug, Default)]
+struct SinceLastSeen {
+    /// Whether a list failed since the last one that did not.
+    failed: bool,
+    /// Since the last list that came back.
+    gap: Duration,
+    /// The watch's longest silence meanwhile (`Hearing`).
+    silence: Duration,
+    /// How much later than its timer the loop woke for this round.
+    late: Duration,
+    /// How long this round's list took.
+    list: Duration,
+}
+
+impl SinceLastSeen {
+    /// Whether the Leases went unseen long enough that their holders may not have been able to
+    /// renew either, so that their expiry is judged from now:
+    /// - lists failed for longer than the renew interval while the watch (which sees every
+    ///   renewal) was silent too; a relist after an outage ends a silence, it does not undo it;
+    /// - the loop woke long after its timer (the process was paused, or starved);
+    /// - the list answered long after its call timeout, which bounds it: the process was
+    ///   paused while the answer waited, and the list shows the Leases from before.
+    ///
+    /// The gaps the timer makes on purpose (a retry period longer than a lease duration) and
+    /// slow rounds are not such a time: counted as one, rounds would start the clocks again
+    /// and no expired Lease would be taken.
+    fn unseen(&self, renew_interval: Duration, call_timeout: Duration) -> bool {
+        let outage = self.failed && self.gap > renew_interval && self.silence > renew_interval;
+        let woke_late = self.late > renew_interval.max(MIN_PAUSE);
+        let answered_late = self.list > call_timeout + MIN_PAUSE;
+        outage || woke_late || answered_late
+    }
+}
+
 /// What the balancing loop works with.
 struct Balancer {
     leases: Leases,
@@ -436,6 +479,8 @@ struct Balancer {
     settings: ShardSettings,
     holdings: Holdings,
     metrics: Metrics,
+    /// When the watch last heard from the apiserver.
+    hearing: Hearing,
 }
 
 /// Lists the Leases every retry period, takes free shards and hands surplus back. A round
@@ -452,16 +497,13 @@ async fn balance_loop(
     progress: Progress,
     (wake, mut observed, mut shutdown): (Arc<Notify>, tokio::sync::mpsc::Receiver<Observed>, watch::Receiver<bool>),
 ) -> HandBacks {
-    let Balancer { leases, me, settings, holdings, metrics } = b;
+    let Balancer { leases, me, settings, holdings, metrics, hearing } = b;
     let start = Instant::now();
     let ms = move |t: Instant| u64::try_from(t.duration_since(start).as_millis()).unwrap_or(u64::MAX);
     let mut tracker = ExpiryTracker::default();
     // From the start: lists failing from the first one are a time without seeing, too.
     let mut last_listed: Option<Instant> = Some(start);
-    // When the watch last reported anything, and its longest silence since the last list:
-    // while it reports, the Leases (every renewal) are seen.
-    let mut last_heard = start;
-    let mut silence = Duration::ZERO;
+    // The watch's silences (`hearing`): while it hears, the Leases (every renewal) are seen.
     let mut failed_since = false;
     let mut budget_reached = false;
     // Since when every look has found room under the budget.
@@ -486,13 +528,12 @@ async fn balance_loop(
         // due: a burst (a relist) makes one round.
         let mut woken = false;
         while let Some(o) = arrived.take().or_else(|| observed.try_recv().ok()) {
-            silence = silence.max(last_heard.elapsed());
-            last_heard = Instant::now();
             woken |= note(&mut tracker, &o, ms(Instant::now()), settings.lease_duration);
         }
         let due = tracker
             .next_due(ms(Instant::now()), settings.lease_duration, settings.grace())
-            .map(|(at, name)| (tokio::time::Instant::from_std(start + Duration::from_millis(at)), name.to_string()));
+            .and_then(|(at, name)| Some((start.checked_add(Duration::from_millis(at))?, name.to_string())))
+            .map(|(at, name)| (tokio::time::Instant::from_std(at), name));
         let due_at = due.as_ref().map_or(next_round, |(at, _)| *at);
         // When a timer would start the next round at the earliest: waking much later than that
         // means this process was paused (or starved), not that a round was slow. `next_round`
@@ -549,6 +590,7 @@ async fn balance_loop(
             next_round = soon();
             continue;
         }
+        let asked = Instant::now();
         let all = match leases.list().await {
             Ok(all) => {
                 progress.control_answered();
@@ -568,25 +610,23 @@ async fn balance_loop(
         // the start of the round would make a peer's fresh renewal look older than it is.
         let now = Instant::now();
         let now_ms = u64::try_from(now.duration_since(start).as_millis()).unwrap_or(u64::MAX);
-        // After a time without seeing the Leases (failed lists, or a pause of this process:
-        // the loop woke long after its timer was due), their holders may not have been able
-        // to renew either: count again from now. The gaps the timer makes on purpose (a retry
-        // period longer than a lease duration) and slow rounds are not such a time: counted
-        // as one, rounds would start the clocks again and no expired Lease would be taken.
+        // After a time without seeing the Leases (`SinceLastSeen::unseen`), their holders may
+        // not have been able to renew either: count again from now.
         if let Some(last) = last_listed {
-            let gap = now.duration_since(last);
-            // Failed lists count only if the watch fell silent too (it sees every renewal); a
-            // relist after an outage ends a silence, it does not undo it.
-            let silent = silence.max(last_heard.elapsed()) > settings.renew_interval;
-            let unseen = failed_since && gap > settings.renew_interval && silent;
-            if unseen || late > settings.renew_interval.max(MIN_PAUSE) {
-                info!(gap = ?gap, late = ?late, "Leases seen again after a gap: judging their expiry from now");
+            let since = SinceLastSeen {
+                failed: failed_since,
+                gap: now.duration_since(last),
+                silence: hearing.take_silence(now),
+                late,
+                list: now.duration_since(asked),
+            };
+            if since.unseen(settings.renew_interval, leases.call_timeout()) {
+                info!(gap = ?since.gap, late = ?since.late, list = ?since.list, "Leases seen again after a gap: judging their expiry from now");
                 tracker.restart(now_ms);
             }
         }
         last_listed = Some(now);
         failed_since = false;
-        silence = Duration::ZERO;
 
         let mut present: BTreeSet<String> = all.iter().filter_map(|l| l.metadata.name.clone()).collect();
         for l in &all {
@@ -793,6 +833,44 @@ mod tests {
     use super::*;
 
     const LEASE: Duration = Duration::from_secs(6);
+
+    #[test]
+    fn expiry_is_judged_from_now_after_an_outage_or_a_pause_not_after_a_slow_or_sparse_look() {
+        const RENEW: Duration = Duration::from_secs(2);
+        const CALL: Duration = Duration::from_secs(2);
+        let s = |ms: u64| Duration::from_millis(ms);
+        let quiet = SinceLastSeen { gap: s(500), silence: s(100), list: s(20), ..SinceLastSeen::default() };
+        let cases = [
+            ("a round on time", quiet, false),
+            (
+                "lists failed 5 s, the watch silent",
+                SinceLastSeen { failed: true, gap: s(5_000), silence: s(5_000), ..quiet },
+                true,
+            ),
+            (
+                "lists failed 5 s, the watch heard",
+                SinceLastSeen { failed: true, gap: s(5_000), silence: s(300), ..quiet },
+                false,
+            ),
+            (
+                "a list failed once, within the renew interval",
+                SinceLastSeen { failed: true, gap: s(1_500), silence: s(2_500), ..quiet },
+                false,
+            ),
+            (
+                "a retry period of 60 s, nothing failed",
+                SinceLastSeen { gap: s(60_000), silence: s(60_000), ..quiet },
+                false,
+            ),
+            ("woken 3 s late", SinceLastSeen { late: s(3_000), ..quiet }, true),
+            ("woken 0.9 s late", SinceLastSeen { late: s(900), ..quiet }, false),
+            ("a list that timed out is slow, not a pause", SinceLastSeen { list: s(2_000), ..quiet }, false),
+            ("a list answered 30 s after it was sent", SinceLastSeen { list: s(30_000), ..quiet }, true),
+        ];
+        for (what, since, unseen) in cases {
+            assert_eq!(since.unseen(RENEW, CALL), unseen, "{what}");
+        }
+    }
 
     fn seen(name: &str, holder: Option<&str>, version: &str, wakes: bool) -> Observed {
         Observed { lease: Some((name.into(), holder.map(String::from), version.into())), wakes }

@@ -13,9 +13,10 @@
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::Event;
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
@@ -69,15 +70,17 @@ impl Seen {
 }
 
 /// Retry delays of the Lease watch: 250 ms, doubling to at most 2 s, and from the start again
-/// once an event arrives. kube's default backoff waits up to 30 s and forgets its delays only
-/// after 2 min without errors: after an apiserver outage a replica's watch came back 45 s
-/// later, and a shard released meanwhile waited for its timer. This watch serves failover,
-/// and it is one small request per replica.
+/// once the apiserver sends a Lease. kube's default backoff waits up to 30 s and forgets its
+/// delays only after 2 min without errors: after an apiserver outage a replica's watch came
+/// back 45 s later, and a shard released meanwhile waited for its timer. This watch serves
+/// failover, and it is one small request per replica. (Not kube's `StreamBackoff`: it starts
+/// again on any item, and the watcher yields one, `Init`, before each attempt to list, so
+/// its delays never grew past the first.)
 #[derive(Debug)]
-struct Retry(std::time::Duration);
+struct Retry(Duration);
 
-const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(250);
-const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Default for Retry {
     fn default() -> Self {
@@ -86,7 +89,7 @@ impl Default for Retry {
 }
 
 impl Iterator for Retry {
-    type Item = std::time::Duration;
+    type Item = Duration;
 
     fn next(&mut self) -> Option<Self::Item> {
         let delay = self.0;
@@ -95,9 +98,37 @@ impl Iterator for Retry {
     }
 }
 
-impl kube::runtime::utils::Backoff for Retry {
+impl Retry {
     fn reset(&mut self) {
         self.0 = RETRY_FIRST;
+    }
+}
+
+/// When the watch last heard from the apiserver (a Lease, a deletion, the end of a list; not
+/// the watcher's own `Init`, which it yields before each attempt, failed or not), and its
+/// longest silence since the balance loop last asked. Stamped as events arrive, in the
+/// watch's task: news that waits in the channel while a round runs was heard all the same.
+#[derive(Clone, Debug)]
+pub struct Hearing(Arc<Mutex<(Instant, Duration)>>);
+
+impl Hearing {
+    pub fn new(now: Instant) -> Self {
+        Self(Arc::new(Mutex::new((now, Duration::ZERO))))
+    }
+
+    fn heard(&self, now: Instant) {
+        let mut h = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        h.1 = h.1.max(now.saturating_duration_since(h.0));
+        h.0 = h.0.max(now);
+    }
+
+    /// The longest silence since the last call, the one going on now included; then counts
+    /// again from nothing.
+    pub fn take_silence(&self, now: Instant) -> Duration {
+        let mut h = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let longest = h.1.max(now.saturating_duration_since(h.0));
+        h.1 = Duration::ZERO;
+        longest
     }
 }
 
@@ -126,11 +157,31 @@ pub fn observed(seen: &mut Seen, event: &Event<Lease>) -> Option<Observed> {
 }
 
 /// Watches the Leases until `shutdown` (or until the balance loop is gone), sending what the
-/// balance loop is to note. Watch errors are retried with kube's backoff; meanwhile rounds run
-/// on their own timer.
-pub async fn watch_leases(leases: Leases, tx: mpsc::Sender<Observed>, mut shutdown: watch::Receiver<bool>) {
+/// balance loop is to note and stamping in `hearing` when the apiserver was last heard. Watch
+/// errors are retried after `Retry`'s delays; meanwhile rounds run on their own timer.
+pub async fn watch_leases(
+    leases: Leases,
+    tx: mpsc::Sender<Observed>,
+    hearing: Hearing,
+    shutdown: watch::Receiver<bool>,
+) {
+    follow(leases.watch(), tx, hearing, shutdown).await;
+}
+
+/// What a watch event says of the apiserver: that it answered. `Init` comes before every
+/// attempt to list, one that fails too, so it says nothing.
+fn hears(event: &Event<Lease>) -> bool {
+    !matches!(event, Event::Init)
+}
+
+/// `watch_leases` on the watcher's stream `events`.
+async fn follow<S>(events: S, tx: mpsc::Sender<Observed>, hearing: Hearing, mut shutdown: watch::Receiver<bool>)
+where
+    S: futures::Stream<Item = Result<Event<Lease>, kube::runtime::watcher::Error>>,
+{
     let mut seen = Seen::default();
-    let mut events = std::pin::pin!(leases.watch().backoff(Retry::default()));
+    let mut events = std::pin::pin!(events);
+    let mut retry = Retry::default();
     let mut failing = false;
     loop {
         let event = tokio::select! {
@@ -139,19 +190,30 @@ pub async fn watch_leases(leases: Leases, tx: mpsc::Sender<Observed>, mut shutdo
         };
         match event {
             Some(Ok(event)) => {
-                failing = false;
+                if hears(&event) {
+                    hearing.heard(Instant::now());
+                    retry.reset();
+                    failing = false;
+                }
                 if let Some(o) = observed(&mut seen, &event)
                     && tx.send(o).await.is_err()
                 {
                     return;
                 }
             }
-            // Once per outage at warn: kube's backoff retries every few seconds.
-            Some(Err(e)) if !failing => {
-                failing = true;
-                warn!(error = %e, "watching Leases failed: rounds go on by their timer, and expiry is judged from lists");
+            Some(Err(e)) => {
+                // Once per outage at warn: the retries go on every 2 s at most.
+                if std::mem::replace(&mut failing, true) {
+                    debug!(error = %e, "watching Leases");
+                } else {
+                    warn!(error = %e, "watching Leases failed: rounds go on by their timer, and expiry is judged from lists");
+                }
+                let delay = retry.next().unwrap_or(RETRY_MAX);
+                tokio::select! {
+                    _ = shutdown.wait_for(|s| *s) => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
             }
-            Some(Err(e)) => debug!(error = %e, "watching Leases"),
             None => return,
         }
     }
@@ -222,12 +284,63 @@ mod tests {
 
     #[test]
     fn the_watch_retries_within_two_seconds_and_starts_again_after_an_event() {
-        use kube::runtime::utils::Backoff;
         let mut r = Retry::default();
         let delays: Vec<u64> = (0..6).filter_map(|_| r.next()).map(|d| d.as_millis() as u64).collect();
         assert_eq!(delays, vec![250, 500, 1_000, 2_000, 2_000, 2_000]);
         r.reset();
         assert_eq!(r.next(), Some(RETRY_FIRST));
+    }
+
+    #[test]
+    fn silence_is_the_longest_gap_between_arrivals_and_counts_the_one_going_on() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let h = Hearing::new(t0);
+        h.heard(at(1_000));
+        h.heard(at(4_000));
+        h.heard(at(4_500));
+        assert_eq!(h.take_silence(at(5_000)), Duration::from_secs(3));
+        assert_eq!(h.take_silence(at(5_200)), Duration::from_millis(700), "counted again, from the last arrival");
+        assert_eq!(h.take_silence(at(9_000)), Duration::from_millis(4_500), "a silence going on");
+        // An arrival stamped before the last one moves nothing back.
+        h.heard(at(4_000));
+        assert_eq!(h.take_silence(at(9_000)), Duration::from_millis(4_500));
+    }
+
+    /// kube's watcher during an outage: `Init` before each attempt, then the attempt's error.
+    fn outage(attempts: usize) -> Vec<Result<Event<Lease>, kube::runtime::watcher::Error>> {
+        (0..attempts).flat_map(|_| [Ok(Event::Init), Err(kube::runtime::watcher::Error::NoResourceVersion)]).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_retries_grow_through_an_outage_and_start_again_once_a_lease_arrives() {
+        let t0 = tokio::time::Instant::now();
+        let polled: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let mut items = outage(6);
+        items.push(Ok(Event::InitApply(lease("flotilla-shard-1", "shard", Some("a"), false))));
+        items.push(Ok(Event::InitDone));
+        items.extend(outage(2));
+        let log = polled.clone();
+        let events = futures::stream::iter(items).inspect(move |item| {
+            if item.is_err() {
+                log.lock().expect("log").push(t0.elapsed().as_millis() as u64);
+            }
+        });
+        let (tx, mut rx) = mpsc::channel(16);
+        let (_stop, shutdown) = watch::channel(false);
+        let hearing = Hearing::new(Instant::now());
+        follow(events, tx, hearing, shutdown).await;
+        // Each error is followed by a wait before the watcher is polled again: 250 ms, then
+        // doubling to 2 s, and 250 ms again after the Lease (not after the `Init`s).
+        assert_eq!(*polled.lock().expect("log"), vec![0, 250, 750, 1_750, 3_750, 5_750, 7_750, 8_000]);
+        assert!(rx.try_recv().is_ok(), "the Lease was passed on");
+    }
+
+    #[test]
+    fn only_what_the_apiserver_sent_is_hearing_from_it() {
+        assert!(!hears(&Event::Init));
+        assert!(hears(&Event::InitDone));
+        assert!(hears(&Event::Delete(lease("flotilla-shard-1", "shard", None, false))));
     }
 
     #[test]
