@@ -305,6 +305,8 @@ async fn reconcile_app(
     let first = is_first_deployment(&previous, &plan.status);
     let mut version = app.metadata.resource_version.clone();
     let mut stored = app.status.clone();
+    // Whether the plan's notes were already sent as Events (with its decision).
+    let mut told = false;
 
     // Persist: a decision that must survive (a version judged failed, a step taken, a
     // promotion, the stable version) is written before any Deployment follows it, in one
@@ -319,6 +321,11 @@ async fn reconcile_app(
         version = write_status(&ctx.client, &namespace, &name, &plan.status, version.as_deref()).await?;
         ctx.remember_written(&namespace, &name, plan.status.clone());
         stored = Some(plan.status.clone());
+        // The decision's Events (a rollback, a promotion, a step) go now that it is stored: the
+        // applies below may fail (a cache behind, a conflict), and the reconcile that completes
+        // the decision plans from it and has nothing to tell.
+        tell(ctx, &app_ref, &namespace, &name, std::mem::take(&mut plan.notes)).await;
+        told = true;
     }
 
     // Apply: only what differs, stable first so that capacity comes before the canary goes,
@@ -547,7 +554,7 @@ async fn reconcile_app(
         (None, None) => plan.status.clone(),
     };
     if stored.as_ref() != Some(&status) {
-        let quiet = failure.is_none() && refusal.is_none() && plan.notes.is_empty();
+        let quiet = failure.is_none() && refusal.is_none() && plan.notes.is_empty() && !told;
         // The stable Deployment's age: zero when this reconcile created it.
         let stable_age = match stable.as_deref() {
             None => Some(Duration::ZERO),
@@ -576,6 +583,7 @@ async fn reconcile_app(
         if previous.current_version != status.current_version
             && status.phase == Some(AppPhase::Healthy)
             && plan.notes.is_empty()
+            && !told
             && !first
         {
             let note = format!(
@@ -585,15 +593,7 @@ async fn reconcile_app(
             );
             ctx.publish(&app_ref, EventType::Normal, "Available", "Rollout", note).await;
         }
-        for note in &plan.notes {
-            let kind = if note.warning { EventType::Warning } else { EventType::Normal };
-            if note.warning {
-                warn!(namespace, app = name, reason = note.reason, "{}", note.message);
-            } else {
-                info!(namespace, app = name, reason = note.reason, "{}", note.message);
-            }
-            ctx.publish(&app_ref, kind, note.reason, "Rollout", note.message.clone()).await;
-        }
+        tell(ctx, &app_ref, &namespace, &name, std::mem::take(&mut plan.notes)).await;
         if let Some(ended) = status.history.first().filter(|h| previous.history.first() != Some(*h)) {
             let reason = status.failed_version.as_ref().filter(|_| ended.result == RolloutResult::RolledBack);
             ctx.metrics.rollout_ended(&format!("{:?}", ended.result), reason.map(|f| f.reason.as_str()));
@@ -673,6 +673,25 @@ fn rollout_moved(before: &crate::api::AppStatus, after: &crate::api::AppStatus) 
         || before.canary != after.canary
         || before.blue_green != after.blue_green
         || before.failed_version != after.failed_version
+}
+
+/// Logs the plan's notes and sends each as an Event about the App.
+async fn tell(
+    ctx: &Context,
+    app_ref: &k8s_openapi::api::core::v1::ObjectReference,
+    namespace: &str,
+    name: &str,
+    notes: Vec<planner::Note>,
+) {
+    for note in notes {
+        let kind = if note.warning { EventType::Warning } else { EventType::Normal };
+        if note.warning {
+            warn!(namespace, app = name, reason = note.reason, "{}", note.message);
+        } else {
+            info!(namespace, app = name, reason = note.reason, "{}", note.message);
+        }
+        ctx.publish(app_ref, kind, note.reason, "Rollout", note.message).await;
+    }
 }
 
 /// Whether the plan changes what must survive this replica: versions, the rollout's step,
