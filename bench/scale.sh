@@ -407,12 +407,19 @@ if [ "$WITH_ARGO" = 1 ]; then
   argo_from=$(stamp)
   t0=$(now)
   create_all argo
-  until [ "$(kubectl get rollouts.argoproj.io -A -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')" -ge "$APPS" ]; do
+  # Bounded: a Rollout that never turns Healthy must not hold the run for ever.
+  argo_timeout=${FLOTILLA_BENCH_ARGO_TIMEOUT:-3600}
+  until argo_healthy=$(kubectl get rollouts.argoproj.io -A -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')
+    [ "$argo_healthy" -ge "$APPS" ]; do
+    if [ "$(( $(date +%s) - ${t0%.*} ))" -ge "$argo_timeout" ]; then
+      echo "   only $argo_healthy of $APPS Rollouts Healthy after ${argo_timeout}s: stopped waiting (FLOTILLA_BENCH_ARGO_TIMEOUT)"
+      break
+    fi
     sleep "$POLL"
   done
   argo=$(since "$t0"); argo_converged_at=$(date +%s)
   argo_to=$(stamp)
-  echo "   every Rollout Healthy after ${argo}s"
+  echo "   $argo_healthy of $APPS Rollouts Healthy after ${argo}s"
   echo ">> idle for ${IDLE}s"
   argo_idle_from=$(stamp)
   sleep "$IDLE"
@@ -422,7 +429,7 @@ if [ "$WITH_ARGO" = 1 ]; then
   figures "$ARGO" "$WORK/rss-argo" argo "$argo_converged_at" "$argo_steady_at" rollouts-controller/
   argo_row=$fig_row
   argo_ratio=$(awk "BEGIN{printf \"%.2f\", $argo / $baseline}")
-  argo_json=",\"argo_rollouts\":{\"version\":\"$ARGO_ROLLOUTS_VERSION\",\"seconds\":$argo,\"ratio\":$argo_ratio,\"idle_writes\":$argo_idle_writes,$fig_json}"
+  argo_json=",\"argo_rollouts\":{\"version\":\"$ARGO_ROLLOUTS_VERSION\",\"seconds\":$argo,\"healthy\":$argo_healthy,\"ratio\":$argo_ratio,\"idle_writes\":$argo_idle_writes,$fig_json}"
 fi
 
 mkdir -p bench/results
