@@ -429,7 +429,8 @@ if [ "$WITH_ARGO" = 1 ]; then
   figures "$ARGO" "$WORK/rss-argo" argo "$argo_converged_at" "$argo_steady_at" rollouts-controller/
   argo_row=$fig_row
   argo_ratio=$(awk "BEGIN{printf \"%.2f\", $argo / $baseline}")
-  argo_json=",\"argo_rollouts\":{\"version\":\"$ARGO_ROLLOUTS_VERSION\",\"seconds\":$argo,\"healthy\":$argo_healthy,\"ratio\":$argo_ratio,\"idle_writes\":$argo_idle_writes,$fig_json}"
+  argo_converged=false; [ "$argo_healthy" -lt "$APPS" ] || argo_converged=true
+  argo_json=",\"argo_rollouts\":{\"version\":\"$ARGO_ROLLOUTS_VERSION\",\"seconds\":$argo,\"healthy\":$argo_healthy,\"converged\":$argo_converged,\"ratio\":$argo_ratio,\"idle_writes\":$argo_idle_writes,$fig_json}"
 fi
 
 mkdir -p bench/results

@@ -192,7 +192,7 @@ fn main() -> ExitCode {
             let args = *args;
             let hour = std::time::Duration::from_secs(3600);
             if args.lease_duration > hour {
-                eprintln!("error: --lease-duration ({:?}) must be at most 1h", args.lease_duration);
+                eprintln!("error: --lease-duration ({}s) must be at most 60m", args.lease_duration.as_secs());
                 return ExitCode::FAILURE;
             }
             if args.renew_deadline.saturating_add(std::time::Duration::from_secs(1)) > args.lease_duration {

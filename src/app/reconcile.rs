@@ -305,7 +305,7 @@ async fn reconcile_app(
     let first = is_first_deployment(&previous, &plan.status);
     let mut version = app.metadata.resource_version.clone();
     let mut stored = app.status.clone();
-    // Whether the plan's notes were already sent as Events (with its decision).
+    // Whether the plan had notes and they were sent as Events with its decision.
     let mut told = false;
 
     // Persist: a decision that must survive (a version judged failed, a step taken, a
@@ -324,8 +324,9 @@ async fn reconcile_app(
         // The decision's Events (a rollback, a promotion, a step) go now that it is stored: the
         // applies below may fail (a cache behind, a conflict), and the reconcile that completes
         // the decision plans from it and has nothing to tell.
-        tell(ctx, &app_ref, &namespace, &name, std::mem::take(&mut plan.notes)).await;
-        told = true;
+        let notes = std::mem::take(&mut plan.notes);
+        told = !notes.is_empty();
+        tell(ctx, &app_ref, &namespace, &name, notes).await;
     }
 
     // Apply: only what differs, stable first so that capacity comes before the canary goes,

@@ -148,7 +148,7 @@ pub struct RunArgs {
     /// Number of shards namespaces are hashed into; the same on every replica.
     #[arg(long, env = "FLOTILLA_SHARDS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub shards: u32,
-    /// How long a shard Lease stays valid without renewal (at most 1h).
+    /// How long a shard Lease stays valid without renewal (at most 60m).
     #[arg(long, env = "FLOTILLA_LEASE_DURATION", default_value = "6s", value_parser = parse_duration)]
     pub lease_duration: std::time::Duration,
     /// Stop work in a shard not renewed for this long (shorter than the lease duration).
