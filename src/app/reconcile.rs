@@ -305,8 +305,8 @@ async fn reconcile_app(
     let first = is_first_deployment(&previous, &plan.status);
     let mut version = app.metadata.resource_version.clone();
     let mut stored = app.status.clone();
-    // Whether the plan had notes and they were sent as Events with its decision.
-    let mut told = false;
+    // Whether the plan has Events to send (with its decision, or at the end).
+    let noted = !plan.notes.is_empty();
 
     // Persist: a decision that must survive (a version judged failed, a step taken, a
     // promotion, the stable version) is written before any Deployment follows it, in one
@@ -324,9 +324,7 @@ async fn reconcile_app(
         // The decision's Events (a rollback, a promotion, a step) go now that it is stored: the
         // applies below may fail (a cache behind, a conflict), and the reconcile that completes
         // the decision plans from it and has nothing to tell.
-        let notes = std::mem::take(&mut plan.notes);
-        told = !notes.is_empty();
-        tell(ctx, &app_ref, &namespace, &name, notes).await;
+        tell(ctx, &app_ref, &namespace, &name, std::mem::take(&mut plan.notes)).await;
     }
 
     // Apply: only what differs, stable first so that capacity comes before the canary goes,
@@ -555,7 +553,7 @@ async fn reconcile_app(
         (None, None) => plan.status.clone(),
     };
     if stored.as_ref() != Some(&status) {
-        let quiet = failure.is_none() && refusal.is_none() && plan.notes.is_empty() && !told;
+        let quiet = failure.is_none() && refusal.is_none() && !noted;
         // The stable Deployment's age: zero when this reconcile created it.
         let stable_age = match stable.as_deref() {
             None => Some(Duration::ZERO),
@@ -583,8 +581,7 @@ async fn reconcile_app(
     if status_changed {
         if previous.current_version != status.current_version
             && status.phase == Some(AppPhase::Healthy)
-            && plan.notes.is_empty()
-            && !told
+            && !noted
             && !first
         {
             let note = format!(

@@ -502,8 +502,7 @@ async fn balance_loop(
     let ms = move |t: Instant| u64::try_from(t.duration_since(start).as_millis()).unwrap_or(u64::MAX);
     let mut tracker = ExpiryTracker::default();
     // From the start: lists failing from the first one are a time without seeing, too.
-    let mut last_listed: Option<Instant> = Some(start);
-    // The watch's silences (`hearing`): while it hears, the Leases (every renewal) are seen.
+    let mut last_listed = start;
     let mut failed_since = false;
     let mut budget_reached = false;
     // Since when every look has found room under the budget.
@@ -609,23 +608,21 @@ async fn balance_loop(
         // Observations are stamped when the list came back, never earlier: stamping them with
         // the start of the round would make a peer's fresh renewal look older than it is.
         let now = Instant::now();
-        let now_ms = u64::try_from(now.duration_since(start).as_millis()).unwrap_or(u64::MAX);
+        let now_ms = ms(now);
         // After a time without seeing the Leases (`SinceLastSeen::unseen`), their holders may
         // not have been able to renew either: count again from now.
-        if let Some(last) = last_listed {
-            let since = SinceLastSeen {
-                failed: failed_since,
-                gap: now.duration_since(last),
-                silence: hearing.take_silence(now),
-                late,
-                list: now.duration_since(asked),
-            };
-            if since.unseen(settings.renew_interval, leases.call_timeout()) {
-                info!(gap = ?since.gap, late = ?since.late, list = ?since.list, "Leases seen again after a gap: judging their expiry from now");
-                tracker.restart(now_ms);
-            }
+        let since = SinceLastSeen {
+            failed: failed_since,
+            gap: now.duration_since(last_listed),
+            silence: hearing.take_silence(now),
+            late,
+            list: now.duration_since(asked),
+        };
+        if since.unseen(settings.renew_interval, leases.call_timeout()) {
+            info!(gap = ?since.gap, late = ?since.late, list = ?since.list, "Leases seen again after a gap: judging their expiry from now");
+            tracker.restart(now_ms);
         }
-        last_listed = Some(now);
+        last_listed = now;
         failed_since = false;
 
         let mut present: BTreeSet<String> = all.iter().filter_map(|l| l.metadata.name.clone()).collect();

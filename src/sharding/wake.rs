@@ -70,7 +70,7 @@ impl Seen {
 }
 
 /// Retry delays of the Lease watch: 250 ms, doubling to at most 2 s, and from the start again
-/// once the apiserver sends a Lease. kube's default backoff waits up to 30 s and forgets its
+/// once the apiserver answers (`hears`). kube's default backoff waits up to 30 s and forgets its
 /// delays only after 2 min without errors: after an apiserver outage a replica's watch came
 /// back 45 s later, and a shard released meanwhile waited for its timer. This watch serves
 /// failover, and it is one small request per replica. (Not kube's `StreamBackoff`: it starts
@@ -88,17 +88,14 @@ impl Default for Retry {
     }
 }
 
-impl Iterator for Retry {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl Retry {
+    /// The delay before the next attempt.
+    fn next_delay(&mut self) -> Duration {
         let delay = self.0;
         self.0 = (delay * 2).min(RETRY_MAX);
-        Some(delay)
+        delay
     }
-}
 
-impl Retry {
     fn reset(&mut self) {
         self.0 = RETRY_FIRST;
     }
@@ -208,7 +205,7 @@ where
                 } else {
                     warn!(error = %e, "watching Leases failed: rounds go on by their timer, and expiry is judged from lists");
                 }
-                let delay = retry.next().unwrap_or(RETRY_MAX);
+                let delay = retry.next_delay();
                 tokio::select! {
                     _ = shutdown.wait_for(|s| *s) => return,
                     () = tokio::time::sleep(delay) => {}
@@ -285,10 +282,10 @@ mod tests {
     #[test]
     fn the_watch_retries_within_two_seconds_and_starts_again_after_an_event() {
         let mut r = Retry::default();
-        let delays: Vec<u64> = (0..6).filter_map(|_| r.next()).map(|d| d.as_millis() as u64).collect();
+        let delays: Vec<u64> = (0..6).map(|_| r.next_delay().as_millis() as u64).collect();
         assert_eq!(delays, vec![250, 500, 1_000, 2_000, 2_000, 2_000]);
         r.reset();
-        assert_eq!(r.next(), Some(RETRY_FIRST));
+        assert_eq!(r.next_delay(), RETRY_FIRST);
     }
 
     #[test]
