@@ -15,6 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
@@ -95,7 +96,7 @@ pub struct ShardChannels {
     /// True once the work this replica would do is ready (its Tenant cache synced). Until
     /// then it neither announces itself nor takes shards, so that a replica that cannot work
     /// never holds shards its peers could serve.
-    pub ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub ready: Arc<AtomicBool>,
     /// Whether the replica's work makes progress. A stuck replica stops renewing (its peers
     /// take its shards once the Leases expire), stops announcing itself and takes nothing.
     pub progress: Progress,
@@ -279,6 +280,8 @@ const MAX_GRACE: Duration = Duration::from_secs(2);
 /// How soon a round that could not plan (stuck, a failed list, work not ready) looks again,
 /// at most a retry period.
 const LOOK_AGAIN_SOON: Duration = Duration::from_millis(500);
+/// How soon a round looks again after a peer took a shard it was taking (`look_again`).
+const AFTER_A_LOST_RACE: Duration = Duration::from_millis(20);
 /// How long every look must find room before a full replica says it is no longer full.
 const FULL_CLEARS_AFTER: Duration = Duration::from_secs(5);
 
@@ -307,7 +310,7 @@ async fn renew_loop(
     leases: Leases,
     holdings: Holdings,
     settings: ShardSettings,
-    ready: Arc<std::sync::atomic::AtomicBool>,
+    ready: Arc<AtomicBool>,
     progress: Progress,
     metrics: Metrics,
     mut shutdown: watch::Receiver<bool>,
@@ -406,7 +409,7 @@ async fn renew_loop(
                         Done::Shard { shard, from, sent, result }
                     }));
                 }
-                let work_ready = ready.load(std::sync::atomic::Ordering::SeqCst);
+                let work_ready = ready.load(Ordering::SeqCst);
                 let member_due = membership_renewed.is_none_or(|t| now.duration_since(t) >= settings.renew_interval);
                 if work_ready && member_due && !member_pending {
                     member_pending = true;
@@ -472,6 +475,27 @@ impl SinceLastSeen {
     }
 }
 
+/// When the round after one that tried to take shards looks, given when it would have
+/// (`planned`):
+/// - at once (`quick`, a pause so short that only a fault would make it a busy loop), when
+///   a peer took a shard first (its acquisition came back with a conflict).
+///   The plan was made from a view the peer had already acted on; the peer's other shards
+///   may now be this replica's to take, and the shared assignment that gives them to this
+///   replica is only seen in a new list. Nothing else wakes a round for a peer's
+///   acquisition, so without this the shards wait out the grace (2 s). Each conflict means
+///   a peer wrote a Lease, so this loops no faster than the peers write;
+/// - soon, when an acquisition failed (a timeout, an error): it is retried, not hot;
+/// - as planned otherwise.
+fn look_again<T: Ord>(lost: bool, failed: bool, planned: T, quick: T, soon: T) -> T {
+    if lost {
+        quick.min(planned)
+    } else if failed {
+        soon.min(planned)
+    } else {
+        planned
+    }
+}
+
 /// What the balancing loop works with.
 struct Balancer {
     leases: Leases,
@@ -493,7 +517,7 @@ struct Balancer {
 async fn balance_loop(
     b: Balancer,
     working_rx: &watch::Receiver<BTreeSet<u32>>,
-    ready: Arc<std::sync::atomic::AtomicBool>,
+    ready: Arc<AtomicBool>,
     progress: Progress,
     (wake, mut observed, mut shutdown): (Arc<Notify>, tokio::sync::mpsc::Receiver<Observed>, watch::Receiver<bool>),
 ) -> HandBacks {
@@ -748,7 +772,7 @@ async fn balance_loop(
         if settings.budget.is_some() && (filling || (me_full && !full_now)) {
             next_round = soon();
         }
-        if !ready.load(std::sync::atomic::Ordering::SeqCst) {
+        if !ready.load(Ordering::SeqCst) {
             decision.acquire.clear();
             next_round = soon();
         }
@@ -772,12 +796,12 @@ async fn balance_loop(
                 "balance round"
             );
         }
-        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (failed, lost) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         futures::stream::iter(decision.acquire)
             .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |shard| {
                 let read = by_shard.get(&shard).map(|l| (*l).clone());
-                let (leases, holdings, metrics, progress, failed) =
-                    (leases.clone(), holdings.clone(), metrics.clone(), progress.clone(), failed.clone());
+                let (leases, holdings, metrics, progress, failed, lost) =
+                    (leases.clone(), holdings.clone(), metrics.clone(), progress.clone(), failed.clone(), lost.clone());
                 async move {
                     let sent = Instant::now();
                     match leases.acquire(shard, read.as_ref()).await {
@@ -787,18 +811,22 @@ async fn balance_loop(
                             metrics.lease_event("acquired");
                             holdings.insert(shard, lease, sent);
                         }
-                        Ok(None) => progress.control_answered(),
+                        Ok(None) => {
+                            progress.control_answered();
+                            debug!(shard, "a peer wrote the shard's Lease first");
+                            lost.store(true, Ordering::Relaxed);
+                        }
                         Err(e) => {
                             warn!(shard, error = %e, "could not acquire shard");
-                            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                            failed.store(true, Ordering::Relaxed);
                         }
                     }
                 }
             })
             .await;
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
-            next_round = soon();
-        }
+        let quick = tokio::time::Instant::now() + AFTER_A_LOST_RACE;
+        next_round =
+            look_again(lost.load(Ordering::Relaxed), failed.load(Ordering::Relaxed), next_round, quick, soon());
         if !decision.release.is_empty() {
             let release = holdings.remove(&decision.release);
             let shards: Vec<u32> = release.iter().map(|(s, _)| *s).collect();
@@ -830,6 +858,24 @@ mod tests {
     use super::*;
 
     const LEASE: Duration = Duration::from_secs(6);
+
+    #[test]
+    fn a_round_that_lost_a_race_looks_again_at_once_and_a_failed_one_soon() {
+        // Milliseconds from the end of the round: as planned (a retry period), quick, soon.
+        let (planned, quick, soon) = (500, 20, 300);
+        let cases = [
+            ("every shard taken", false, false, planned),
+            ("a peer took a shard first", true, false, quick),
+            ("a peer took one, another failed", true, true, quick),
+            ("an acquisition failed", false, true, soon),
+        ];
+        for (what, lost, failed, want) in cases {
+            assert_eq!(look_again(lost, failed, planned, quick, soon), want, "{what}");
+        }
+        // Never later than planned (a retry period shorter than the pauses).
+        assert_eq!(look_again(true, false, 10, quick, soon), 10);
+        assert_eq!(look_again(false, true, 10, quick, soon), 10);
+    }
 
     #[test]
     fn expiry_is_judged_from_now_after_an_outage_or_a_pause_not_after_a_slow_or_sparse_look() {
