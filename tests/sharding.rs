@@ -572,7 +572,44 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     wait_all_rolled(&client, &mine, "7", Duration::from_secs(60)).await;
     drop(proxy);
 
-    // 9. A memory budget: a replica whose budget fits 2 Apps, left alone, takes shards until
+    // 9. A second process started under a replica's id (the same Pod name, so the apiserver's
+    //    fence cannot tell them apart): the Leases in their common name that the first one
+    //    renews are not the second one's to take back, so no shard is held by both; the
+    //    second says so, once.
+    let kubeconfig = operator_kubeconfig("shard-t");
+    let t = Operator::start_with(&kubeconfig, &args, "shard-t").await;
+    wait_balanced(&client, &["shard-c", "shard-d", "shard-t"], Duration::from_secs(30)).await;
+    let twin = Operator::start_logged_as(&kubeconfig, &args, "shard-t", "shard-t-twin").await;
+    let twin_log = std::env::temp_dir().join("flotilla-e2e-shard-t-twin.log");
+    // The first renews every 2 s: the second has seen its Leases change within 4 s.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(6) {
+        let (first, second) = (
+            metric_sum(&t.metrics().await, "flotilla_shards_held "),
+            metric_sum(&twin.metrics().await, "flotilla_shards_held "),
+        );
+        assert!(
+            second == 0.0 && first > 0.0,
+            "two processes under the id shard-t hold {first} and {second} shards {:?} after the second started",
+            watched.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let said = strip_ansi(&std::fs::read_to_string(&twin_log).unwrap_or_default())
+        .matches("another process holds shard Leases as this replica")
+        .count();
+    assert_eq!(
+        said,
+        1,
+        "the second process under shard-t's id says once why it takes nothing (log: {})",
+        twin_log.display()
+    );
+    assert_eq!(believed_held(&[&c, &d, &t, &twin]).await, i64::from(SHARDS));
+    drop(twin);
+    drop(t);
+    wait_balanced(&client, &["shard-c", "shard-d"], Duration::from_secs(16)).await;
+
+    // 10. A memory budget: a replica whose budget fits 2 Apps, left alone, takes shards until
     //    the Apps it serves fill it and leaves the rest unowned (and says so) instead of
     //    taking all 32.
     let budget = format!("{}", 40 * 1024 * 1024 + 2 * 64 * 1024);

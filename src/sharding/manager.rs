@@ -12,6 +12,7 @@
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -19,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::budget::Budget;
 use super::fence::Fence;
@@ -107,6 +108,13 @@ pub struct ShardChannels {
 #[derive(Clone)]
 struct Holdings {
     held: Arc<Mutex<BTreeMap<u32, Held>>>,
+    /// When this process acquired each shard Lease it held and no longer holds (the Lease's
+    /// acquireTime, which its renewals keep, even one that timed out and landed anyway). A
+    /// Lease that names this replica is this process's own stale Lease, to take back at once,
+    /// only with that acquireTime: with any other, another process took it under the same
+    /// replica id (a process before a restart, whose requests may still be on their way, or
+    /// a second process started with the same id).
+    left: Arc<Mutex<BTreeMap<u32, MicroTime>>>,
     tx: Arc<watch::Sender<BTreeSet<u32>>>,
     fence: Fence,
     /// Wakes the balance round: a shard this replica lost is its own stale Lease, taken back
@@ -131,8 +139,13 @@ impl Holdings {
         });
     }
 
+    fn left(&self) -> MutexGuard<'_, BTreeMap<u32, MicroTime>> {
+        self.left.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn insert(&self, shard: u32, lease: Lease, sent: Instant) {
         self.fence.renewed(shard, sent);
+        self.left().remove(&shard);
         self.lock().insert(shard, Held { lease, renewed: sent });
         self.publish();
     }
@@ -150,6 +163,13 @@ impl Holdings {
         }
     }
 
+    /// Whether `lease` (of a shard this process does not hold) is still the one it acquired:
+    /// its own stale Lease.
+    fn acquired(&self, shard: u32, lease: &Lease) -> bool {
+        let acquired = lease.spec.as_ref().and_then(|s| s.acquire_time.as_ref());
+        acquired.is_some_and(|at| self.left().get(&shard) == Some(at))
+    }
+
     /// Whether `shard` is held at version `from`.
     fn holds(&self, shard: u32, from: &str) -> bool {
         self.lock().get(&shard).is_some_and(|h| h.lease.metadata.resource_version.as_deref() == Some(from))
@@ -164,6 +184,14 @@ impl Holdings {
             let mut held = self.lock();
             shards.iter().filter_map(|s| held.remove(s).map(|h| (*s, h))).collect()
         };
+        {
+            let mut left = self.left();
+            for (shard, h) in &removed {
+                if let Some(at) = h.lease.spec.as_ref().and_then(|s| s.acquire_time.clone()) {
+                    left.insert(*shard, at);
+                }
+            }
+        }
         self.publish();
         removed
     }
@@ -199,7 +227,8 @@ pub async fn run_shard_manager(
     metrics.shards_configured(settings.shards);
     let wake = Arc::new(Notify::new());
     let (observed_tx, observed_rx) = tokio::sync::mpsc::channel(OBSERVED_IN_FLIGHT);
-    let holdings = Holdings { held: Arc::default(), tx: Arc::new(held_tx), fence, wake: wake.clone() };
+    let holdings =
+        Holdings { held: Arc::default(), left: Arc::default(), tx: Arc::new(held_tx), fence, wake: wake.clone() };
     let hearing = Hearing::new(Instant::now());
     let renewing = renew_loop(
         leases.clone(),
@@ -496,6 +525,33 @@ fn look_again<T: Ord>(lost: bool, failed: bool, planned: T, quick: T, soon: T) -
     }
 }
 
+/// Shard Leases in this replica's name that this process did not write, by the version
+/// first seen. One seen at another version later was written meanwhile: another process is
+/// running under this replica's id now, which is said once (loudly: the shard fence of the
+/// apiserver tells replicas apart by their Pod's name, so it cannot tell these two apart).
+#[derive(Debug, Default)]
+struct Strangers {
+    seen: BTreeMap<u32, String>,
+    said: bool,
+}
+
+impl Strangers {
+    /// Notes a version; true when it shows another live process under this id.
+    fn saw(&mut self, shard: u32, version: Option<&str>, me: &str) -> bool {
+        let Some(version) = version else { return false };
+        let first = self.seen.entry(shard).or_insert_with(|| version.to_string());
+        let twin = first != version;
+        if twin && !std::mem::replace(&mut self.said, true) {
+            error!(
+                replica = me,
+                shard,
+                "another process holds shard Leases as this replica: replica ids must be unique (--replica-id, the Pod's name in a cluster); this one leaves those shards alone"
+            );
+        }
+        twin
+    }
+}
+
 /// What the balancing loop works with.
 struct Balancer {
     leases: Leases,
@@ -541,6 +597,7 @@ async fn balance_loop(
     // back, nor free) until their hand-back is done.
     let mut handing_back = HandBacks::new();
     let mut handed: BTreeMap<tokio::task::Id, Vec<u32>> = BTreeMap::new();
+    let mut strangers = Strangers::default();
     loop {
         // A round slower than the retry period is followed by the next at once; the timer is
         // not late for it.
@@ -685,6 +742,8 @@ async fn balance_loop(
             all.iter().filter_map(|l| Some((shard_of_lease(l.metadata.name.as_deref()?)?, l))).collect();
         let held = holdings.shards();
         let releasing: BTreeSet<u32> = handed.values().flatten().copied().collect();
+        // A shard this process took since is no stranger's: its later versions are its own.
+        strangers.seen.retain(|s, _| !held.contains(s));
         let mut own_stale = BTreeSet::new();
         let mut others: BTreeMap<String, usize> = BTreeMap::new();
         let mut free: BTreeMap<u32, Duration> = BTreeMap::new();
@@ -692,8 +751,13 @@ async fn balance_loop(
             let lease = by_shard.get(&shard).copied();
             match lease.and_then(holder) {
                 Some(h) if h == me => {
-                    own_stale.insert(shard);
-                    continue;
+                    if lease.is_some_and(|l| holdings.acquired(shard, l)) {
+                        own_stale.insert(shard);
+                        continue;
+                    }
+                    // Taken under this replica's id by another process: like any other
+                    // holder's, free only once unchanged for a lease duration.
+                    strangers.saw(shard, lease.and_then(|l| l.metadata.resource_version.as_deref()), &me);
                 }
                 Some(h)
                     if live.contains(h)
@@ -856,8 +920,59 @@ async fn balance_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::jiff::Timestamp;
 
     const LEASE: Duration = Duration::from_secs(6);
+
+    fn lease_at(version: &str, acquired: &str) -> Lease {
+        let mut l = Lease::default();
+        l.metadata.name = Some(shard_lease_name(3));
+        l.metadata.resource_version = Some(version.into());
+        let at: Timestamp = acquired.parse().expect("a timestamp");
+        l.spec = Some(LeaseSpec { acquire_time: Some(MicroTime(at)), ..LeaseSpec::default() });
+        l
+    }
+
+    #[test]
+    fn only_the_lease_this_process_acquired_is_its_own_stale_lease() {
+        let (tx, _rx) = watch::channel(BTreeSet::new());
+        let h = Holdings {
+            held: Arc::default(),
+            left: Arc::default(),
+            tx: Arc::new(tx),
+            fence: Fence::new(32, Duration::from_secs(4)),
+            wake: Arc::default(),
+        };
+        let now = Instant::now();
+        let (mine, before, twin) =
+            ("2026-12-05T06:00:01.000001Z", "2026-12-05T06:00:00Z", "2026-12-05T06:00:01.000002Z");
+        // Acquired by a process before a restart: not this one's.
+        assert!(!h.acquired(3, &lease_at("10", before)));
+        h.insert(3, lease_at("11", mine), now);
+        h.renewed(3, "11", lease_at("12", mine), now);
+        h.remove(&[3]);
+        // Dropped (fenced): its own at any version its renewals wrote, even one whose answer
+        // never came back.
+        assert!(h.acquired(3, &lease_at("12", mine)));
+        assert!(h.acquired(3, &lease_at("13", mine)), "a renewal that timed out and landed");
+        assert!(!h.acquired(3, &lease_at("14", twin)), "taken by another process under the same id");
+        assert!(!h.acquired(3, &Lease::default()), "no acquireTime");
+        // Taken again: nothing is left over.
+        h.insert(3, lease_at("20", twin), now);
+        assert!(h.left().is_empty());
+    }
+
+    #[test]
+    fn a_lease_in_this_replicas_name_written_again_by_another_process_shows_a_twin() {
+        let mut s = Strangers::default();
+        assert!(!s.saw(1, Some("7"), "r"), "first seen: a process before a restart, maybe");
+        assert!(!s.saw(1, Some("7"), "r"), "unchanged");
+        assert!(!s.saw(2, None, "r"));
+        assert!(s.saw(1, Some("9"), "r"), "renewed by someone else under this id");
+        assert!(s.said);
+        assert!(s.saw(1, Some("11"), "r"));
+    }
 
     #[test]
     fn a_round_that_lost_a_race_looks_again_at_once_and_a_failed_one_soon() {

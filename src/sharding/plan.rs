@@ -138,8 +138,10 @@ pub struct View<'a> {
     /// Shards this replica holds and renews.
     pub held: &'a BTreeSet<u32>,
     /// Shard Leases that still name this replica as holder although it no longer renews them
-    /// (it fenced itself during an outage). Nobody else can hold them without changing the
-    /// Lease, so this replica may take them back at once, with compare-and-swap as always.
+    /// (it fenced itself during an outage), as this process acquired them. Nobody else can
+    /// hold them without changing the Lease, so this replica may take them back at once,
+    /// with compare-and-swap as always. (A Lease in its name that another process acquired
+    /// under the same id is not here.)
     pub own_stale: &'a BTreeSet<u32>,
     /// Shards held by each other live replica, as the Leases show.
     pub others: &'a BTreeMap<String, usize>,

@@ -259,8 +259,18 @@ impl Operator {
 
     /// Like `start_with`, with extra environment variables.
     pub async fn start_with_env(kubeconfig: &Path, args: &[&str], id: &str, env: &[(&str, &str)]) -> Self {
+        Self::spawn(kubeconfig, args, id, id, env).await
+    }
+
+    /// Like `start_with`, its log named after `log` rather than `id`: a second process under
+    /// the same replica id.
+    pub async fn start_logged_as(kubeconfig: &Path, args: &[&str], id: &str, log: &str) -> Self {
+        Self::spawn(kubeconfig, args, id, log, &[]).await
+    }
+
+    async fn spawn(kubeconfig: &Path, args: &[&str], id: &str, log: &str, env: &[(&str, &str)]) -> Self {
         let port = free_port();
-        let log = std::env::temp_dir().join(format!("flotilla-e2e-{id}.log"));
+        let log = std::env::temp_dir().join(format!("flotilla-e2e-{log}.log"));
         let log_file = std::fs::File::create(&log).expect("operator log file");
         // The conversion webhook listens on a port of its own unless the test says where: only
         // the conversion tests call it.
