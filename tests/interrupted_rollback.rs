@@ -127,6 +127,13 @@ async fn interrupted_at(n: u32) {
     let s = rig.app("web").await.status.unwrap_or_default();
     assert_eq!((s.phase, s.current_version.as_deref()), (Some(AppPhase::RolledBack), Some("1")), "after write {n}");
     assert!(rig.deployment("web-canary").await.is_none(), "killed after write {n}: the canary came back");
+    // Nobody changed the Deployments by hand: completing the stored rollback is told as
+    // Flotilla's own change, never as drift put back (which an alert on drift would count).
+    let reasons = rig.event_reasons("web").await;
+    assert!(
+        !reasons.iter().any(|r| r == "DriftCorrected"),
+        "killed after write {n}: completing the rollback was told as drift: {reasons:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

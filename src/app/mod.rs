@@ -1,5 +1,6 @@
 //! The App controller: desired objects (pure), status (pure), and the reconciler that applies them.
 
+pub mod applied;
 pub mod config;
 pub mod context;
 pub mod controller;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{Span, debug, field, info, instrument, warn};
 
+use super::applied;
 use super::config;
 use super::context::Context;
 use super::desired::{
@@ -380,9 +381,11 @@ async fn reconcile_app(
                         if diffs.is_empty() {
                             continue;
                         }
+                        // Flotilla's own change still to be written, or someone else's.
+                        let drift = applied::written_as(have.as_ref(), &want);
                         apply(&deployments, &object_name, &want, have.as_ref(), "Deployment")
                             .await
-                            .map(|_| Some((diffs, have.is_some())))
+                            .map(|_| Some((diffs, have.is_some(), drift)))
                     }
                     Ok(None) => continue,
                     Err(e) => Err(e),
@@ -394,8 +397,9 @@ async fn reconcile_app(
             }
         };
         match result {
-            Ok(Some((diffs, existed))) => {
-                ctx.note_change(&mut changes, &app_ref, "Deployment", &object_name, existed, planned, &diffs);
+            Ok(Some((diffs, existed, drift))) => {
+                let ours = planned || !drift;
+                ctx.note_change(&mut changes, &app_ref, "Deployment", &object_name, existed, ours, &diffs);
             }
             Ok(None) => {}
             Err(e) => failure = Some(e),
@@ -859,9 +863,10 @@ async fn reconcile_service(
     if diffs.is_empty() {
         return Ok(());
     }
-    let applied = apply(&api, &name, &wanted, observed.as_ref(), "Service").await?;
-    ctx.remember_applied_service(namespace, &name, applied.metadata.resource_version);
-    ctx.note_change(changes, &app.object_ref(&()), "Service", &name, observed.is_some(), planned, &diffs);
+    let ours = planned || !applied::written_as(observed.as_ref(), &wanted);
+    let written = apply(&api, &name, &wanted, observed.as_ref(), "Service").await?;
+    ctx.remember_applied_service(namespace, &name, written.metadata.resource_version);
+    ctx.note_change(changes, &app.object_ref(&()), "Service", &name, observed.is_some(), ours, &diffs);
     Ok(())
 }
 
@@ -968,7 +973,8 @@ where
     }
 }
 
-/// Server-side apply of `object`. When it updates an `observed` object, the apply carries
+/// Server-side apply of `object`, marked with what was applied (`applied`). When it updates
+/// an `observed` object, the apply carries
 /// the resourceVersion that was observed: the apiserver refuses it (409) if anyone wrote the
 /// object since, so a write that was planned from an older state, or that arrives late
 /// (after this replica's hold on the namespace lapsed), cannot win.
@@ -982,7 +988,7 @@ async fn apply<K>(
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Debug,
 {
-    let mut object = object.clone();
+    let mut object = applied::marked(object);
     object.meta_mut().resource_version = observed.and_then(|o| o.meta().resource_version.clone());
     api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&object)).await.map_err(|source| {
         ReconcileError::Apply {
