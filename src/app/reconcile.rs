@@ -919,16 +919,9 @@ async fn reconcile_hpa(
                 if diffs.is_empty() {
                     return Ok(());
                 }
+                let ours = spec_changed || !applied::written_as(observed.as_ref(), &wanted);
                 apply(&api, &name, &wanted, observed.as_ref(), "HorizontalPodAutoscaler").await?;
-                ctx.note_change(
-                    changes,
-                    &app_ref,
-                    "HorizontalPodAutoscaler",
-                    &name,
-                    observed.is_some(),
-                    spec_changed,
-                    &diffs,
-                );
+                ctx.note_change(changes, &app_ref, "HorizontalPodAutoscaler", &name, observed.is_some(), ours, &diffs);
             }
         }
         None => {

@@ -85,6 +85,18 @@ fn now() -> MicroTime {
     MicroTime(Timestamp::now())
 }
 
+/// The stamp of a new acquisition: now, to the microsecond, which is what the apiserver
+/// keeps, so that the stamp read back from the Lease is the stamp sent.
+pub fn acquisition_stamp() -> MicroTime {
+    let now = Timestamp::now();
+    MicroTime(Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now))
+}
+
+/// When the holder of `lease` acquired it.
+pub fn acquired_at(lease: &Lease) -> Option<&MicroTime> {
+    lease.spec.as_ref()?.acquire_time.as_ref()
+}
+
 impl Leases {
     pub fn new(client: Client, namespace: &str, me: &str, duration: std::time::Duration, shards: u32) -> Self {
         Self {
@@ -198,15 +210,22 @@ impl Leases {
         }
     }
 
-    /// Takes a shard Lease that is free or expired (as judged by the caller).
-    pub async fn acquire(&self, shard: u32, read: Option<&Lease>) -> Result<Option<Lease>, LeaseError> {
+    /// Takes a shard Lease that is free or expired (as judged by the caller), stamped as
+    /// acquired at `acquired_at` (`acquisition_stamp`, or the stamp of this process's own
+    /// acquisition when it takes its own stale Lease back).
+    pub async fn acquire(
+        &self,
+        shard: u32,
+        read: Option<&Lease>,
+        acquired_at: MicroTime,
+    ) -> Result<Option<Lease>, LeaseError> {
         let me = self.me.clone();
         let duration = self.duration_secs;
         let taken_from_other = read.and_then(holder).is_some_and(|h| h != me);
         self.write(&shard_lease_name(shard), "shard", read, |spec| {
             spec.holder_identity = Some(me);
             spec.lease_duration_seconds = Some(duration);
-            spec.acquire_time = Some(now());
+            spec.acquire_time = Some(acquired_at);
             spec.renew_time = Some(now());
             if taken_from_other || read.is_some() {
                 spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
@@ -225,7 +244,9 @@ impl Leases {
 
     /// Gives a shard Lease back so that a peer can take it at once. When the version held is
     /// stale (a renewal was in flight when the release was decided), the Lease is read again
-    /// and released from that version if it still names this replica.
+    /// and released from that version if it is still the one this process acquired (it names
+    /// this replica, with the same acquireTime: not a Lease another process took under the
+    /// same id meanwhile).
     pub async fn release(&self, held: &Lease) -> Result<(), LeaseError> {
         let name = held.metadata.name.clone().unwrap_or_default();
         let clear = |spec: &mut LeaseSpec| {
@@ -241,7 +262,7 @@ impl Leases {
             .await?
             .map_err(|source| LeaseError::Api { action: "reading", name: name.clone(), source })?;
         match current {
-            Some(lease) if holder(&lease) == Some(self.me.as_str()) => {
+            Some(lease) if holder(&lease) == Some(self.me.as_str()) && acquired_at(&lease) == acquired_at(held) => {
                 self.write(&name, "shard", Some(&lease), clear).await.map(|_| ())
             }
             _ => Ok(()),
@@ -302,6 +323,19 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_acquisition_stamp_reads_back_as_sent() {
+        // What the apiserver keeps is the stamp as serialized: to the microsecond.
+        let back = |t: &MicroTime| -> MicroTime {
+            serde_json::from_value(serde_json::to_value(t).expect("serialized")).expect("parsed")
+        };
+        let stamp = acquisition_stamp();
+        assert_eq!(back(&stamp), stamp);
+        // A stamp to the nanosecond would not: it would never match the Lease read back.
+        let fine = MicroTime("2026-12-05T06:00:01.123456789Z".parse().expect("a timestamp"));
+        assert_ne!(back(&fine), fine);
+    }
 
     #[test]
     fn names() {

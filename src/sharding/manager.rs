@@ -26,7 +26,8 @@ use super::budget::Budget;
 use super::fence::Fence;
 use super::handoff::release_as_stopped;
 use super::leases::{
-    LABEL_FULL, LABEL_SHARDS, LeaseError, Leases, holder, is_member, shard_lease_name, shard_of_lease,
+    LABEL_FULL, LABEL_SHARDS, LeaseError, Leases, acquired_at, acquisition_stamp, holder, is_member, shard_lease_name,
+    shard_of_lease,
 };
 use super::plan::{ExpiryTracker, View, plan};
 use super::stuck::Progress;
@@ -108,12 +109,13 @@ pub struct ShardChannels {
 #[derive(Clone)]
 struct Holdings {
     held: Arc<Mutex<BTreeMap<u32, Held>>>,
-    /// When this process acquired each shard Lease it held and no longer holds (the Lease's
-    /// acquireTime, which its renewals keep, even one that timed out and landed anyway). A
-    /// Lease that names this replica is this process's own stale Lease, to take back at once,
-    /// only with that acquireTime: with any other, another process took it under the same
-    /// replica id (a process before a restart, whose requests may still be on their way, or
-    /// a second process started with the same id).
+    /// When this process acquired, or tried to acquire, each shard Lease it does not hold
+    /// (the Lease's acquireTime, which renewals keep, and which taking its own stale Lease
+    /// back keeps too): a write that timed out and landed anyway is still recognised. A Lease
+    /// that names this replica is this process's own stale Lease, to take back at once, only
+    /// with that acquireTime: with any other, another process took it under the same replica
+    /// id (a process before a restart, whose requests may still be on their way, or a second
+    /// process started with the same id).
     left: Arc<Mutex<BTreeMap<u32, MicroTime>>>,
     tx: Arc<watch::Sender<BTreeSet<u32>>>,
     fence: Fence,
@@ -166,8 +168,12 @@ impl Holdings {
     /// Whether `lease` (of a shard this process does not hold) is still the one it acquired:
     /// its own stale Lease.
     fn acquired(&self, shard: u32, lease: &Lease) -> bool {
-        let acquired = lease.spec.as_ref().and_then(|s| s.acquire_time.as_ref());
-        acquired.is_some_and(|at| self.left().get(&shard) == Some(at))
+        acquired_at(lease).is_some_and(|at| self.left().get(&shard) == Some(at))
+    }
+
+    /// Notes an acquisition about to be sent, stamped `at`, before its answer is known.
+    fn trying(&self, shard: u32, at: MicroTime) {
+        self.left().insert(shard, at);
     }
 
     /// Whether `shard` is held at version `from`.
@@ -187,8 +193,8 @@ impl Holdings {
         {
             let mut left = self.left();
             for (shard, h) in &removed {
-                if let Some(at) = h.lease.spec.as_ref().and_then(|s| s.acquire_time.clone()) {
-                    left.insert(*shard, at);
+                if let Some(at) = acquired_at(&h.lease) {
+                    left.insert(*shard, at.clone());
                 }
             }
         }
@@ -504,20 +510,21 @@ impl SinceLastSeen {
     }
 }
 
-/// When the round after one that tried to take shards looks, given when it would have
-/// (`planned`):
-/// - at once (`quick`, a pause so short that only a fault would make it a busy loop), when
-///   a peer took a shard first (its acquisition came back with a conflict).
-///   The plan was made from a view the peer had already acted on; the peer's other shards
-///   may now be this replica's to take, and the shared assignment that gives them to this
-///   replica is only seen in a new list. Nothing else wakes a round for a peer's
-///   acquisition, so without this the shards wait out the grace (2 s). Each conflict means
-///   a peer wrote a Lease, so this loops no faster than the peers write;
-/// - soon, when an acquisition failed (a timeout, an error): it is retried, not hot;
+/// How long after a round that tried to take shards the next one looks, given how long it
+/// would wait otherwise (`planned`):
+/// - soon after a race lost to a peer (an acquisition that came back with a conflict): the
+///   plan was made from a view the peer had already acted on, and the peer's other shards
+///   may now be this replica's, which only a new list shows. Nothing else wakes a round for
+///   a peer's acquisition, so without this they wait out the grace (2 s). 20 ms after the
+///   first such round, doubling with each in a row up to `planned`: a conflict that is not a
+///   peer's (a Lease created by hand, missing from the list for want of its label) cannot
+///   make a busy loop;
+/// - soon (`soon`) when an acquisition failed (a timeout, an error): it is retried, not hot;
 /// - as planned otherwise.
-fn look_again<T: Ord>(lost: bool, failed: bool, planned: T, quick: T, soon: T) -> T {
-    if lost {
-        quick.min(planned)
+fn look_again(lost_in_a_row: u32, failed: bool, planned: Duration, soon: Duration) -> Duration {
+    if lost_in_a_row > 0 {
+        let doublings = (lost_in_a_row - 1).min(16);
+        AFTER_A_LOST_RACE.saturating_mul(1 << doublings).min(planned)
     } else if failed {
         soon.min(planned)
     } else {
@@ -525,10 +532,12 @@ fn look_again<T: Ord>(lost: bool, failed: bool, planned: T, quick: T, soon: T) -
     }
 }
 
-/// Shard Leases in this replica's name that this process did not write, by the version
-/// first seen. One seen at another version later was written meanwhile: another process is
-/// running under this replica's id now, which is said once (loudly: the shard fence of the
-/// apiserver tells replicas apart by their Pod's name, so it cannot tell these two apart).
+/// Shard Leases in this replica's name that this process did not acquire, by the version
+/// first seen while they stayed so. One seen at another version later was written meanwhile:
+/// another process is running under this replica's id now, which is said once (loudly: the
+/// shard fence of the apiserver tells replicas apart by their Pod's name, so it cannot tell
+/// these two apart). Looked at only after this process's first lease duration, so that a
+/// renewal its predecessor (before a restart) sent just before it died is not taken for one.
 #[derive(Debug, Default)]
 struct Strangers {
     seen: BTreeMap<u32, String>,
@@ -545,10 +554,15 @@ impl Strangers {
             error!(
                 replica = me,
                 shard,
-                "another process holds shard Leases as this replica: replica ids must be unique (--replica-id, the Pod's name in a cluster); this one leaves those shards alone"
+                "another process holds shard Leases as this replica: replica ids must be unique (--replica-id, the Pod's name in a cluster); this one takes none of them while they are renewed"
             );
         }
         twin
+    }
+
+    /// Keeps only the shards still in a stranger's hands (`strange`).
+    fn retain(&mut self, strange: impl Fn(u32) -> bool) {
+        self.seen.retain(|s, _| strange(*s));
     }
 }
 
@@ -598,6 +612,8 @@ async fn balance_loop(
     let mut handing_back = HandBacks::new();
     let mut handed: BTreeMap<tokio::task::Id, Vec<u32>> = BTreeMap::new();
     let mut strangers = Strangers::default();
+    // Rounds in a row whose acquisitions lost a race (`look_again`).
+    let mut lost_in_a_row: u32 = 0;
     loop {
         // A round slower than the retry period is followed by the next at once; the timer is
         // not late for it.
@@ -742,8 +758,14 @@ async fn balance_loop(
             all.iter().filter_map(|l| Some((shard_of_lease(l.metadata.name.as_deref()?)?, l))).collect();
         let held = holdings.shards();
         let releasing: BTreeSet<u32> = handed.values().flatten().copied().collect();
-        // A shard this process took since is no stranger's: its later versions are its own.
-        strangers.seen.retain(|s, _| !held.contains(s));
+        // A shard this process took since, or that went to someone else or no one, is no
+        // stranger's any more.
+        strangers.retain(|s| {
+            !held.contains(&s)
+                && by_shard.get(&s).and_then(|l| holder(l)) == Some(me.as_str())
+                && !by_shard.get(&s).is_some_and(|l| holdings.acquired(s, l))
+        });
+        let settled = now.duration_since(start) > settings.lease_duration;
         let mut own_stale = BTreeSet::new();
         let mut others: BTreeMap<String, usize> = BTreeMap::new();
         let mut free: BTreeMap<u32, Duration> = BTreeMap::new();
@@ -757,7 +779,9 @@ async fn balance_loop(
                     }
                     // Taken under this replica's id by another process: like any other
                     // holder's, free only once unchanged for a lease duration.
-                    strangers.saw(shard, lease.and_then(|l| l.metadata.resource_version.as_deref()), &me);
+                    if settled {
+                        strangers.saw(shard, lease.and_then(|l| l.metadata.resource_version.as_deref()), &me);
+                    }
                 }
                 Some(h)
                     if live.contains(h)
@@ -864,11 +888,20 @@ async fn balance_loop(
         futures::stream::iter(decision.acquire)
             .for_each_concurrent(ACQUISITIONS_IN_FLIGHT, |shard| {
                 let read = by_shard.get(&shard).map(|l| (*l).clone());
+                // Its own stale Lease keeps the stamp of this process's acquisition; any other
+                // gets a new one, noted before it is sent (the answer may never come back while
+                // the write lands).
+                let own = read.as_ref().filter(|_| own_stale.contains(&shard)).and_then(acquired_at).cloned();
+                let at = own.unwrap_or_else(|| {
+                    let at = acquisition_stamp();
+                    holdings.trying(shard, at.clone());
+                    at
+                });
                 let (leases, holdings, metrics, progress, failed, lost) =
                     (leases.clone(), holdings.clone(), metrics.clone(), progress.clone(), failed.clone(), lost.clone());
                 async move {
                     let sent = Instant::now();
-                    match leases.acquire(shard, read.as_ref()).await {
+                    match leases.acquire(shard, read.as_ref(), at).await {
                         Ok(Some(lease)) => {
                             progress.control_answered();
                             info!(shard, "acquired shard");
@@ -888,9 +921,10 @@ async fn balance_loop(
                 }
             })
             .await;
-        let quick = tokio::time::Instant::now() + AFTER_A_LOST_RACE;
-        next_round =
-            look_again(lost.load(Ordering::Relaxed), failed.load(Ordering::Relaxed), next_round, quick, soon());
+        lost_in_a_row = if lost.load(Ordering::Relaxed) { lost_in_a_row.saturating_add(1) } else { 0 };
+        let now = tokio::time::Instant::now();
+        let (planned, soon) = (next_round.saturating_duration_since(now), soon().saturating_duration_since(now));
+        next_round = now + look_again(lost_in_a_row, failed.load(Ordering::Relaxed), planned, soon);
         if !decision.release.is_empty() {
             let release = holdings.remove(&decision.release);
             let shards: Vec<u32> = release.iter().map(|(s, _)| *s).collect();
@@ -902,11 +936,13 @@ async fn balance_loop(
                 release_as_stopped(&mut working, release, deadline, ACQUISITIONS_IN_FLIGHT, |shard, h| {
                     let (leases, metrics) = (leases.clone(), metrics.clone());
                     async move {
-                        if let Err(e) = leases.release(&h.lease).await {
-                            warn!(shard, error = %e, "could not release shard");
+                        match leases.release(&h.lease).await {
+                            Ok(()) => {
+                                info!(shard, "handed shard back for balance");
+                                metrics.lease_event("released");
+                            }
+                            Err(e) => warn!(shard, error = %e, "could not release shard: it expires instead"),
                         }
-                        info!(shard, "handed shard back for balance");
-                        metrics.lease_event("released");
                     }
                 })
                 .await
@@ -961,6 +997,12 @@ mod tests {
         // Taken again: nothing is left over.
         h.insert(3, lease_at("20", twin), now);
         assert!(h.left().is_empty());
+        // An acquisition whose answer never came back, and which landed: noted before it went.
+        let at = acquisition_stamp();
+        h.trying(4, at.clone());
+        let landed =
+            Lease { spec: Some(LeaseSpec { acquire_time: Some(at), ..LeaseSpec::default() }), ..Lease::default() };
+        assert!(h.acquired(4, &landed));
     }
 
     #[test]
@@ -975,21 +1017,25 @@ mod tests {
     }
 
     #[test]
-    fn a_round_that_lost_a_race_looks_again_at_once_and_a_failed_one_soon() {
-        // Milliseconds from the end of the round: as planned (a retry period), quick, soon.
-        let (planned, quick, soon) = (500, 20, 300);
+    fn a_round_that_lost_a_race_looks_again_soon_backing_off_and_a_failed_one_soon() {
+        let ms = Duration::from_millis;
+        let (planned, soon) = (ms(500), ms(300));
         let cases = [
-            ("every shard taken", false, false, planned),
-            ("a peer took a shard first", true, false, quick),
-            ("a peer took one, another failed", true, true, quick),
-            ("an acquisition failed", false, true, soon),
+            ("every shard taken", 0, false, planned),
+            ("a peer took a shard first", 1, false, ms(20)),
+            ("a peer took one, another failed", 1, true, ms(20)),
+            ("lost twice in a row", 2, false, ms(40)),
+            ("lost five times in a row", 5, false, ms(320)),
+            ("lost six times in a row: as planned, no busy loop", 6, false, planned),
+            ("lost for ever", u32::MAX, false, planned),
+            ("an acquisition failed", 0, true, soon),
         ];
         for (what, lost, failed, want) in cases {
-            assert_eq!(look_again(lost, failed, planned, quick, soon), want, "{what}");
+            assert_eq!(look_again(lost, failed, planned, soon), want, "{what}");
         }
         // Never later than planned (a retry period shorter than the pauses).
-        assert_eq!(look_again(true, false, 10, quick, soon), 10);
-        assert_eq!(look_again(false, true, 10, quick, soon), 10);
+        assert_eq!(look_again(1, false, ms(10), soon), ms(10));
+        assert_eq!(look_again(0, true, ms(10), soon), ms(10));
     }
 
     #[test]
