@@ -211,13 +211,13 @@ impl Leases {
     }
 
     /// Takes a shard Lease that is free or expired (as judged by the caller), stamped as
-    /// acquired at `acquired_at` (`acquisition_stamp`, or the stamp of this process's own
+    /// acquired at `stamp` (`acquisition_stamp`, or the stamp of this process's own
     /// acquisition when it takes its own stale Lease back).
     pub async fn acquire(
         &self,
         shard: u32,
         read: Option<&Lease>,
-        acquired_at: MicroTime,
+        stamp: MicroTime,
     ) -> Result<Option<Lease>, LeaseError> {
         let me = self.me.clone();
         let duration = self.duration_secs;
@@ -225,7 +225,7 @@ impl Leases {
         self.write(&shard_lease_name(shard), "shard", read, |spec| {
             spec.holder_identity = Some(me);
             spec.lease_duration_seconds = Some(duration);
-            spec.acquire_time = Some(acquired_at);
+            spec.acquire_time = Some(stamp);
             spec.renew_time = Some(now());
             if taken_from_other || read.is_some() {
                 spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);

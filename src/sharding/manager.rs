@@ -910,7 +910,10 @@ async fn balance_loop(
                         }
                         Ok(None) => {
                             progress.control_answered();
-                            debug!(shard, "a peer wrote the shard's Lease first");
+                            debug!(
+                                shard,
+                                "the shard's Lease was written by someone else first (409): looking again soon"
+                            );
                             lost.store(true, Ordering::Relaxed);
                         }
                         Err(e) => {
