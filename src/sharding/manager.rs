@@ -111,12 +111,13 @@ struct Holdings {
     held: Arc<Mutex<BTreeMap<u32, Held>>>,
     /// When this process acquired, or tried to acquire, each shard Lease it does not hold
     /// (the Lease's acquireTime, which renewals keep, and which taking its own stale Lease
-    /// back keeps too): a write that timed out and landed anyway is still recognised. A Lease
-    /// that names this replica is this process's own stale Lease, to take back at once, only
-    /// with that acquireTime: with any other, another process took it under the same replica
-    /// id (a process before a restart, whose requests may still be on their way, or a second
-    /// process started with the same id).
-    left: Arc<Mutex<BTreeMap<u32, MicroTime>>>,
+    /// back keeps too), the last `STAMPS_KEPT`: a write that timed out and landed anyway is
+    /// still recognised, even after a later attempt. A Lease that names this replica is this
+    /// process's own stale Lease, to take back at once, only with one of these: with any
+    /// other, another process took it under the same replica id (a process before a restart,
+    /// whose requests may still be on their way, or a second process started with the same
+    /// id). Only this process's own writes carry its stamps, so keeping several is safe.
+    left: Arc<Mutex<BTreeMap<u32, Vec<MicroTime>>>>,
     tx: Arc<watch::Sender<BTreeSet<u32>>>,
     fence: Fence,
     /// Wakes the balance round: a shard this replica lost is its own stale Lease, taken back
@@ -141,7 +142,7 @@ impl Holdings {
         });
     }
 
-    fn left(&self) -> MutexGuard<'_, BTreeMap<u32, MicroTime>> {
+    fn left(&self) -> MutexGuard<'_, BTreeMap<u32, Vec<MicroTime>>> {
         self.left.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -168,12 +169,12 @@ impl Holdings {
     /// Whether `lease` (of a shard this process does not hold) is still the one it acquired:
     /// its own stale Lease.
     fn acquired(&self, shard: u32, lease: &Lease) -> bool {
-        acquired_at(lease).is_some_and(|at| self.left().get(&shard) == Some(at))
+        acquired_at(lease).is_some_and(|at| self.left().get(&shard).is_some_and(|stamps| stamps.contains(at)))
     }
 
     /// Notes an acquisition about to be sent, stamped `at`, before its answer is known.
     fn trying(&self, shard: u32, at: MicroTime) {
-        self.left().insert(shard, at);
+        note_stamp(&mut self.left(), shard, at);
     }
 
     /// Whether `shard` is held at version `from`.
@@ -194,7 +195,7 @@ impl Holdings {
             let mut left = self.left();
             for (shard, h) in &removed {
                 if let Some(at) = acquired_at(&h.lease) {
-                    left.insert(*shard, at.clone());
+                    note_stamp(&mut left, *shard, at.clone());
                 }
             }
         }
@@ -217,6 +218,19 @@ impl Holdings {
 
     fn seconds_since_renew(&self, now: Instant) -> f64 {
         self.lock().values().map(|h| now.saturating_duration_since(h.renewed).as_secs_f64()).fold(0.0, f64::max)
+    }
+}
+
+/// How many stamps of its own acquisitions a process keeps per shard (`Holdings::left`).
+const STAMPS_KEPT: usize = 4;
+
+fn note_stamp(left: &mut BTreeMap<u32, Vec<MicroTime>>, shard: u32, at: MicroTime) {
+    let stamps = left.entry(shard).or_default();
+    if !stamps.contains(&at) {
+        stamps.push(at);
+    }
+    if stamps.len() > STAMPS_KEPT {
+        stamps.remove(0);
     }
 }
 
@@ -1000,12 +1014,18 @@ mod tests {
         // Taken again: nothing is left over.
         h.insert(3, lease_at("20", twin), now);
         assert!(h.left().is_empty());
-        // An acquisition whose answer never came back, and which landed: noted before it went.
+        // An acquisition whose answer never came back, and which landed after a second attempt
+        // was sent: both were noted before they went.
         let at = acquisition_stamp();
         h.trying(4, at.clone());
+        h.trying(4, MicroTime("2026-12-05T06:00:09Z".parse().expect("a timestamp")));
         let landed =
             Lease { spec: Some(LeaseSpec { acquire_time: Some(at), ..LeaseSpec::default() }), ..Lease::default() };
         assert!(h.acquired(4, &landed));
+        for i in 0..STAMPS_KEPT {
+            h.trying(4, MicroTime(format!("2026-12-05T06:01:0{i}Z").parse().expect("a timestamp")));
+        }
+        assert!(!h.acquired(4, &landed), "only the last {STAMPS_KEPT} are kept");
     }
 
     #[test]
