@@ -772,13 +772,8 @@ async fn balance_loop(
             all.iter().filter_map(|l| Some((shard_of_lease(l.metadata.name.as_deref()?)?, l))).collect();
         let held = holdings.shards();
         let releasing: BTreeSet<u32> = handed.values().flatten().copied().collect();
-        // A shard this process took since, or that went to someone else or no one, is no
-        // stranger's any more.
-        strangers.retain(|s| {
-            !held.contains(&s)
-                && by_shard.get(&s).and_then(|l| holder(l)) == Some(me.as_str())
-                && !by_shard.get(&s).is_some_and(|l| holdings.acquired(s, l))
-        });
+        // Shards in this replica's name that another process acquired, this round.
+        let mut strange = BTreeSet::new();
         let settled = now.duration_since(start) > settings.lease_duration;
         let mut own_stale = BTreeSet::new();
         let mut others: BTreeMap<String, usize> = BTreeMap::new();
@@ -793,6 +788,7 @@ async fn balance_loop(
                     }
                     // Taken under this replica's id by another process: like any other
                     // holder's, free only once unchanged for a lease duration.
+                    strange.insert(shard);
                     if settled {
                         strangers.saw(shard, lease.and_then(|l| l.metadata.resource_version.as_deref()), &me);
                     }
@@ -810,6 +806,9 @@ async fn balance_loop(
                 free.insert(shard, f);
             }
         }
+        // A shard this process took since, or that went to someone else or no one, is no
+        // stranger's any more.
+        strangers.retain(|s| strange.contains(&s));
         let mismatched: Vec<String> = all
             .iter()
             .filter(|l| is_member(l))
