@@ -270,6 +270,7 @@ fn main() -> ExitCode {
                     request_timeout: args.request_timeout,
                     stuck_after: args.stuck_after,
                     shutdown_grace: args.shutdown_grace,
+                    heap_trim_interval: args.heap_trim_interval,
                     pod_policy: flotilla::app::pod_policy::PodPolicy::new(&args.denied_pod_annotation_prefixes),
                     workload_url: args.workload_api_url,
                     admission_policy_check: args.admission_policy_check,

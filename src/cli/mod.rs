@@ -219,6 +219,11 @@ pub struct RunArgs {
     /// and fails /healthz, so that the kubelet restarts it.
     #[arg(long, env = "FLOTILLA_STUCK_AFTER", default_value = "60s", value_parser = parse_duration)]
     pub stuck_after: std::time::Duration,
+    /// How often the heap's free pages are given back to the system (glibc builds; the static
+    /// musl build of the image returns them itself). Without it, the RSS stays at the peak of
+    /// the last burst of work for good. 0s turns it off.
+    #[arg(long, env = "FLOTILLA_HEAP_TRIM_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub heap_trim_interval: std::time::Duration,
     /// How long a replica given SIGTERM waits for its work to stop before it exits anyway. It
     /// closes its fence and releases its Leases first (within --renew-deadline), so what is
     /// left cannot write; keep it under the pod's terminationGracePeriodSeconds (30 s).

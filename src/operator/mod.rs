@@ -4,6 +4,7 @@ pub mod admin;
 pub mod clients;
 pub mod fault;
 pub mod fence_config;
+pub mod heap_trim;
 pub mod namespace_clients;
 pub mod packing;
 pub mod token_identity;
@@ -72,6 +73,8 @@ pub struct Settings {
     pub pod_policy: crate::app::pod_policy::PodPolicy,
     /// How long a SIGTERMed replica waits for its tasks before it exits without them.
     pub shutdown_grace: Duration,
+    /// How often the heap is trimmed (`heap_trim`); zero: never.
+    pub heap_trim_interval: Duration,
     /// Whether a replica the admission policies do not cover refuses to start.
     pub admission_policy_check: fence_config::OnMismatch,
     /// For tests of network faults only: every request but the Leases' goes to this URL (a
@@ -130,6 +133,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         request_timeout: Duration::from_secs(30),
         stuck_after: Duration::from_secs(30),
         shutdown_grace: Duration::from_secs(10),
+        heap_trim_interval: Duration::ZERO,
         pod_policy: Default::default(),
         workload_url: None,
         admission_policy_check: fence_config::OnMismatch::Refuse,
@@ -278,6 +282,9 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     metrics.app_budget(settings.sharding.budget.map(|b| b.max_apps), false);
 
     let mut tasks: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
+    if !settings.heap_trim_interval.is_zero() {
+        tasks.push(("heap trim", tokio::spawn(heap_trim::trim_until(settings.heap_trim_interval, stop_rx.clone()))));
+    }
     if let Some(webhook) = settings.webhook.clone() {
         let (_, webhook_tasks) =
             crate::webhook::start(client.clone(), webhook, metrics.clone(), stop_rx.clone()).await?;
