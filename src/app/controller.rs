@@ -109,7 +109,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     };
     let (hpa_watch, hpa_events) = on_demand(make_hpa_events, hpas_synced, Some(probe));
     let (services, services_synced, service_events) =
-        compact_cache(scope.api::<Service>(&client), managed(), slim_compact::<Service, Service>);
+        compact_cache(scope.api::<Service>(&client), managed(), crate::app::service_projection::compact_service);
     // Every ConfigMap of the namespace, metadata only (kube asks the apiserver for
     // PartialObjectMetadata; the data of those an App names is read on change, see
     // `Context::config_states`): which ones an App reads is in its template, and a label

@@ -13,6 +13,7 @@ pub mod projection;
 pub mod quota;
 pub mod reconcile;
 pub mod route;
+pub mod service_projection;
 pub mod status;
 
 pub use context::Context;

@@ -3,9 +3,10 @@
 //!
 //! A Deployment in full held about 6.5 KB in the cache (its maps of labels and annotations,
 //! its selector, the pod template with every defaulted field), a third of a replica's memory
-//! per App (`bench/heap.sh`). The planner reads the revision, the replica counts and the
-//! status; the drift check reads the main container's image and port, the pod-security
-//! settings and the template's fingerprint. The rest is dropped as the watch delivers it.
+//! per App (`bench/heap.sh`). The planner reads the revision, the replica counts, the
+//! status's counts and a failure to create pods; the drift check reads the main container's
+//! image and port, the pod-security settings and the template's fingerprint. The rest is
+//! dropped as the watch delivers it.
 //!
 //! A projected template is never a record of the pods: its pod template carries
 //! `ANNOTATION_PROJECTED`. Whatever would copy it (a stable Deployment whose running pods are
@@ -13,7 +14,7 @@
 //! Deployment in full first (`reconcile`), and a Deployment or status that still carries the
 //! marker is never written (`carries_projection`).
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
     SecurityContext,
@@ -54,6 +55,26 @@ pub fn project_deployment(d: &mut Deployment) {
         spec.selector = LabelSelector::default();
         spec.template = project_template(std::mem::take(&mut spec.template));
     }
+    if let Some(status) = d.status.as_mut() {
+        status.conditions = status.conditions.take().map(failures_only).filter(|c| !c.is_empty());
+    }
+}
+
+/// Of a Deployment's conditions, what the planner reads (`replicas::replica_failure`): a
+/// failure to create pods, without its times. `Available` and `Progressing`, about 500 bytes
+/// of text per Deployment, are read by nothing.
+fn failures_only(conditions: Vec<DeploymentCondition>) -> Vec<DeploymentCondition> {
+    conditions
+        .into_iter()
+        .filter(crate::rollout::replicas::is_replica_failure)
+        .map(|c| DeploymentCondition {
+            type_: c.type_,
+            status: c.status,
+            reason: c.reason,
+            message: c.message,
+            ..DeploymentCondition::default()
+        })
+        .collect()
 }
 
 /// `d` projected, as cached (`watch_cache::compact`).
@@ -167,7 +188,8 @@ mod tests {
     use crate::api::names;
     use crate::api::template::template_from_running;
     use crate::app::desired::deployment_differences;
-    use crate::rollout::replicas::{readiness, revision_of};
+    use crate::rollout::replicas::{readiness, replica_failure, revision_of};
+    use k8s_openapi::api::apps::v1::DeploymentStatus;
 
     /// A Deployment as the apiserver returns one of Flotilla's: defaults filled in, a sidecar,
     /// env, volumes, probes, labels and annotations of others.
@@ -208,7 +230,16 @@ mod tests {
             },
             "status": {"observedGeneration": 3, "replicas": 3, "readyReplicas": 3, "availableReplicas": 3,
                 "updatedReplicas": 3,
-                "conditions": [{"type": "Available", "status": "True"}]}
+                "conditions": [
+                    {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+                     "message": "Deployment has minimum availability.",
+                     "lastUpdateTime": "2026-12-01T10:00:00Z", "lastTransitionTime": "2026-12-01T10:00:00Z"},
+                    {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                     "message": "pods \"web-1\" is forbidden: exceeded quota",
+                     "lastUpdateTime": "2026-12-01T10:00:00Z", "lastTransitionTime": "2026-12-01T10:00:00Z"},
+                    {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
+                     "message": "ReplicaSet \"web-abc\" has successfully progressed.",
+                     "lastUpdateTime": "2026-12-01T10:00:00Z", "lastTransitionTime": "2026-12-01T10:00:00Z"}]}
         }))
         .expect("a Deployment")
     }
@@ -224,7 +255,22 @@ mod tests {
         let (f, p) = (full(), projected());
         assert_eq!(revision_of(&p), revision_of(&f));
         assert_eq!(readiness(Some(&p), "1.2.0+abc", 3), readiness(Some(&f), "1.2.0+abc", 3));
-        assert_eq!(p.status, f.status);
+        assert_eq!(replica_failure(Some(&p)), replica_failure(Some(&f)));
+        assert!(replica_failure(Some(&p)).is_some_and(|m| m.contains("exceeded quota")));
+        let counts = |d: &Deployment| d.status.clone().map(|s| DeploymentStatus { conditions: None, ..s });
+        assert_eq!(counts(&p), counts(&f));
+        let kept = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .map(|c| c.iter().map(|c| c.type_.as_str()).collect::<Vec<_>>());
+        assert_eq!(kept, Some(vec!["ReplicaFailure"]), "Available and Progressing are read by nothing");
+        let mut healthy = full();
+        if let Some(c) = healthy.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            c.retain(|c| c.type_ != "ReplicaFailure");
+        }
+        project_deployment(&mut healthy);
+        assert_eq!(healthy.status.and_then(|s| s.conditions), None, "no condition left, no list");
         assert_eq!(p.spec.as_ref().and_then(|s| s.replicas), Some(3));
         assert_eq!(p.metadata.owner_references, f.metadata.owner_references);
         assert_eq!(p.metadata.creation_timestamp, f.metadata.creation_timestamp, "the stable Deployment's age");

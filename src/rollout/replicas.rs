@@ -2,7 +2,7 @@
 //! between the canary and the stable Deployment, and how far a Deployment has rolled.
 //! Pure: no I/O.
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 
 use crate::api::App;
@@ -17,8 +17,13 @@ pub fn replica_failure(deployment: Option<&Deployment>) -> Option<String> {
         .conditions
         .as_ref()?
         .iter()
-        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+        .find(|c| is_replica_failure(c))
         .map(|c| c.message.clone().unwrap_or_else(|| c.reason.clone().unwrap_or_default()))
+}
+
+/// Whether `c` says that the Deployment cannot create pods.
+pub fn is_replica_failure(c: &DeploymentCondition) -> bool {
+    c.type_ == "ReplicaFailure" && c.status == "True"
 }
 
 /// The replica count the App fixes, or `None` when an autoscaler owns it.
