@@ -8,7 +8,7 @@ use flotilla::api::{App, AppPhase};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
@@ -311,6 +311,59 @@ async fn drift_on_the_deployment_is_put_back() {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .unwrap_or(0.0);
     assert!(corrected >= 2.0, "two drift corrections counted; metrics:\n{metrics}");
+}
+
+/// The Service cache keeps a projection (`app::service_projection`): a hand edit of what it
+/// compares must still show through it and be put back: a selector key added (the Service
+/// then selects no pod), and a port moved, which server-side apply cannot take back from
+/// another writer (`app::service_routing`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_on_the_service_is_put_back() {
+    let (client, ns, op) = setup("e2e-svc-drift").await;
+    create_app(&client, &ns.name, json!({"name": "web", "image": "registry.example.com/web", "version": "1.0.0"}))
+        .await;
+    let apps: Api<App> = Api::namespaced(client.clone(), &ns.name);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns.name);
+    wait_healthy(&apps, "web", "1.0.0").await;
+    let original = services.get("web").await.expect("the App's Service");
+    let spec_of = |s: &Service| {
+        let spec = s.spec.clone().unwrap_or_default();
+        let ports =
+            spec.ports.unwrap_or_default().into_iter().map(|p| (p.name, p.port, p.target_port)).collect::<Vec<_>>();
+        (spec.selector, ports)
+    };
+    let want = spec_of(&original);
+
+    // A selector that matches no pod any more, and the port moved, by hand.
+    services
+        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"selector": {"hijack": "x"}}})))
+        .await
+        .expect("editing the selector by hand");
+    wait_for(Duration::from_secs(10), "selector put back", || async {
+        let s = services.get("web").await.ok()?;
+        (spec_of(&s) == want).then_some(())
+    })
+    .await;
+    let mut ports = original.spec.clone().unwrap_or_default().ports.unwrap_or_default();
+    ports[0].port = 8081;
+    services
+        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"ports": ports}})))
+        .await
+        .expect("editing the port by hand");
+    wait_for(Duration::from_secs(10), "port put back", || async {
+        let s = services.get("web").await.ok()?;
+        (spec_of(&s) == want).then_some(())
+    })
+    .await;
+
+    wait_event(&client, &ns.name, "web", "DriftCorrected").await;
+    let metrics = op.metrics().await;
+    let corrected = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("flotilla_drift_corrections_total{kind=\"Service\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(corrected >= 2.0, "two drift corrections of the Service counted; metrics:\n{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

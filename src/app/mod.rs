@@ -14,6 +14,7 @@ pub mod quota;
 pub mod reconcile;
 pub mod route;
 pub mod service_projection;
+pub mod service_routing;
 pub mod status;
 
 pub use context::Context;

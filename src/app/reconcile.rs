@@ -27,7 +27,7 @@ use super::error::{ReconcileError, retry_delay};
 use super::first_deployment::{is_first_deployment, status_deferral};
 use super::projection;
 use super::status::{Blocker, degraded};
-use super::{quota, route};
+use super::{quota, route, service_routing};
 use crate::api::conditions::READY;
 use crate::api::names::{self, FIELD_MANAGER};
 use crate::api::template::MAX_TEMPLATE_BYTES;
@@ -864,6 +864,24 @@ async fn reconcile_service(
         return Ok(());
     }
     let ours = planned || !applied::written_as(observed.as_ref(), &wanted);
+    // What an apply cannot take back from another writer goes first (`service_routing`).
+    let observed = match observed {
+        Some(o) if service_routing::needs_replacing(&diffs) => Some(
+            api.patch(
+                &name,
+                &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() },
+                &Patch::Merge(service_routing::replacement(&o, &wanted)),
+            )
+            .await
+            .map_err(|source| ReconcileError::Apply {
+                kind: "Service",
+                namespace: namespace.clone(),
+                name: name.clone(),
+                source,
+            })?,
+        ),
+        other => other,
+    };
     let written = apply(&api, &name, &wanted, observed.as_ref(), "Service").await?;
     ctx.remember_applied_service(namespace, &name, written.metadata.resource_version);
     ctx.note_change(changes, &app.object_ref(&()), "Service", &name, observed.is_some(), ours, &diffs);
