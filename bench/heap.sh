@@ -86,3 +86,18 @@ print(f"heap at peak: {total / 2**20:.1f} MiB; largest holders (innermost frames
 for name, cost in by.most_common(25):
     print(f"  {cost / 2**20:7.2f} MiB  {100 * cost / total:5.1f}%  {name}")
 PY
+# The heap while the replica was steady (every App Healthy, 10 s idle), which the peak above
+# is not: the median of heaptrack's snapshots from 8 s to 1 s before the profile ends (the
+# stop, in its last second, allocates a little and then frees everything).
+heaptrack_print -f "$file" --print-peaks 0 --print-allocators 0 --print-temporary 0 --print-leaks 0 \
+  --print-massif "$WORK/massif" --massif-threshold 100 >/dev/null
+python3 - "$WORK/massif" <<'PY'
+import re, statistics, sys
+snaps = [(float(t), int(b)) for t, b in re.findall(r"time=([0-9.]+)\nmem_heap_B=([0-9]+)", open(sys.argv[1]).read())]
+end = snaps[-1][0] if snaps else 0
+steady = [b for t, b in snaps if end - 8 <= t < end - 1]
+if steady:
+    print(f"heap when steady (every App Healthy; median of the 7 s before the stop): {statistics.median(steady) / 2**20:.1f} MiB")
+else:
+    print("heap when steady: no snapshot in the 7 s before the stop")
+PY
