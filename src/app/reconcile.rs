@@ -865,12 +865,13 @@ async fn reconcile_service(
     }
     let ours = planned || !applied::written_as(observed.as_ref(), &wanted);
     // What an apply cannot take back from another writer goes first (`service_routing`).
-    let observed = match observed {
-        Some(o) if service_routing::needs_replacing(&diffs) => Some(
+    let replacement = observed.as_ref().and_then(|o| service_routing::replacement(o, &wanted));
+    let observed = match replacement {
+        Some(patch) => Some(
             api.patch(
                 &name,
                 &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() },
-                &Patch::Merge(service_routing::replacement(&o, &wanted)),
+                &Patch::Merge(patch),
             )
             .await
             .map_err(|source| ReconcileError::Apply {
@@ -880,7 +881,7 @@ async fn reconcile_service(
                 source,
             })?,
         ),
-        other => other,
+        None => observed,
     };
     let written = apply(&api, &name, &wanted, observed.as_ref(), "Service").await?;
     ctx.remember_applied_service(namespace, &name, written.metadata.resource_version);

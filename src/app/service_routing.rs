@@ -1,35 +1,42 @@
-//! What server-side apply cannot put back on a Service: a port another writer moved or added.
-//! Pure: no I/O.
+//! What server-side apply cannot put back on a Service: a port another writer moved, added or
+//! removed. Pure: no I/O.
 //!
 //! Flotilla writes its Services with server-side apply, which takes back each field it owns
 //! when someone else changed its value (the selector is an atomic map: it is taken back
-//! whole), but never removes a field another writer owns. A Service's ports are a list keyed
-//! by port number and protocol, so a port moved by hand is an entry of the other writer's:
-//! every apply then failed with "Duplicate value" (two entries named alike), and the Service
-//! was never put back; a port added by hand stayed for good, told as corrected drift at each
-//! reconcile. When the ports differ, they are first replaced whole with a JSON merge patch
-//! (a list in a merge patch replaces the list), conditional on the resourceVersion read; the
-//! apply then writes the rest.
+//! whole; a port's name and target port are fields of Flotilla's entry), but never removes a
+//! field another writer owns. A Service's ports are a list keyed by port and protocol, so a
+//! port moved by hand is an entry of the other writer's: every apply then failed with
+//! "Duplicate value" (two entries named alike), and the Service was never put back; a port
+//! added by hand stayed for good, told as corrected drift at each reconcile. When the port
+//! numbers differ from those Flotilla wants, the ports are first replaced whole with a JSON
+//! merge patch (a list in a merge patch replaces the list), conditional on the
+//! resourceVersion read; the apply then writes the rest. Only then: a replacement also drops
+//! what others set on Flotilla's own entry (an `appProtocol`), which an apply keeps.
 
 use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
 
-use crate::app::desired::Difference;
-
-/// Whether `diffs` (`desired::service_differences`) name the ports, which an apply may not be
-/// able to put back.
-pub fn needs_replacing(diffs: &[Difference]) -> bool {
-    diffs.iter().any(|d| d.field == "spec.ports")
+/// The port numbers of `s`, sorted.
+fn numbers(s: &Service) -> Vec<i32> {
+    let mut ports: Vec<i32> =
+        s.spec.as_ref().and_then(|s| s.ports.as_ref()).into_iter().flatten().map(|p| p.port).collect();
+    ports.sort_unstable();
+    ports
 }
 
 /// The merge patch that makes `observed`'s ports `wanted`'s, only if `observed` is still at
-/// its resourceVersion (409 otherwise).
-pub fn replacement(observed: &Service, wanted: &Service) -> Value {
-    let ports = wanted.spec.as_ref().and_then(|s| s.ports.as_ref()).map(|p| json!(p)).unwrap_or(json!([]));
-    json!({
+/// its resourceVersion (409 otherwise); `None` when an apply can put them back (the same
+/// port numbers), or when Flotilla wants no port (the apiserver refuses a Service without).
+pub fn replacement(observed: &Service, wanted: &Service) -> Option<Value> {
+    let want = numbers(wanted);
+    if want.is_empty() || numbers(observed) == want {
+        return None;
+    }
+    let ports = wanted.spec.as_ref().and_then(|s| s.ports.as_ref()).map(|p| json!(p))?;
+    Some(json!({
         "metadata": {"resourceVersion": observed.metadata.resource_version},
         "spec": {"ports": ports},
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -58,11 +65,10 @@ mod tests {
     }
 
     #[test]
-    fn the_ports_another_writer_changed_are_replaced_whole() {
+    fn ports_another_writer_moved_added_or_removed_are_replaced_whole() {
         let web = json!({"app.kubernetes.io/name": "web"});
         let cases = [
             ("a port moved", service(web.clone(), json!([{"name": "http", "port": 8081, "targetPort": 8080}]))),
-            ("a target port changed", service(web.clone(), json!([{"name": "http", "port": 80, "targetPort": 9090}]))),
             (
                 "a port added",
                 service(
@@ -73,9 +79,8 @@ mod tests {
             ("no ports", service(web.clone(), Value::Null)),
         ];
         for (what, observed) in cases {
-            let diffs = service_differences(&wanted(), Some(&observed));
-            assert!(needs_replacing(&diffs), "{what}: {diffs:?}");
-            let patch = replacement(&observed, &wanted());
+            assert!(!service_differences(&wanted(), Some(&observed)).is_empty(), "{what}");
+            let patch = replacement(&observed, &wanted()).unwrap_or_else(|| panic!("{what}: no replacement"));
             assert_eq!(patch["metadata"]["resourceVersion"], "9", "{what}: only the version read");
             let after = merged(&observed, &patch);
             assert_eq!(service_differences(&wanted(), Some(&after)), vec![], "{what}: {patch}");
@@ -84,17 +89,25 @@ mod tests {
 
     #[test]
     fn what_an_apply_takes_back_needs_no_replacement() {
-        let mut wanted = wanted();
-        wanted.metadata.labels = Some([("app.kubernetes.io/name".to_string(), "web".to_string())].into());
-        let diffs = service_differences(&wanted, Some(&self::wanted()));
-        assert_eq!(diffs.iter().map(|d| d.field).collect::<Vec<_>>(), vec!["metadata.labels"]);
-        assert!(!needs_replacing(&diffs), "an apply takes labels back");
-        let hijacked = service(
-            json!({"app.kubernetes.io/name": "web", "hijack": "x"}),
-            json!([{"name": "http", "port": 80, "targetPort": 8080}]),
-        );
-        let diffs = service_differences(&self::wanted(), Some(&hijacked));
-        assert_eq!(diffs.iter().map(|d| d.field).collect::<Vec<_>>(), vec!["spec.selector"]);
-        assert!(!needs_replacing(&diffs), "the selector is an atomic map: an apply replaces it whole");
+        let web = json!({"app.kubernetes.io/name": "web"});
+        let cases = [
+            // Flotilla's own change of the App's port, or a hand edit of its entry.
+            ("the target port", service(web.clone(), json!([{"name": "http", "port": 80, "targetPort": 9090}]))),
+            ("the port's name", service(web.clone(), json!([{"name": "web", "port": 80, "targetPort": 8080}]))),
+            // An atomic map: an apply replaces it whole.
+            (
+                "a selector key added",
+                service(
+                    json!({"app.kubernetes.io/name": "web", "hijack": "x"}),
+                    json!([{"name": "http", "port": 80, "targetPort": 8080}]),
+                ),
+            ),
+        ];
+        for (what, observed) in cases {
+            assert!(!service_differences(&wanted(), Some(&observed)).is_empty(), "{what}");
+            assert_eq!(replacement(&observed, &wanted()), None, "{what}: an apply puts it back");
+        }
+        let none = service(web, Value::Null);
+        assert_eq!(replacement(&wanted(), &none), None, "a Service with no port is never sent");
     }
 }

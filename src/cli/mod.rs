@@ -219,10 +219,10 @@ pub struct RunArgs {
     /// and fails /healthz, so that the kubelet restarts it.
     #[arg(long, env = "FLOTILLA_STUCK_AFTER", default_value = "60s", value_parser = parse_duration)]
     pub stuck_after: std::time::Duration,
-    /// How often the heap's free pages are given back to the system (glibc builds; the static
-    /// musl build of the image returns them itself). Without it, the RSS stays at the peak of
-    /// the last burst of work for good. 0s turns it off.
-    #[arg(long, env = "FLOTILLA_HEAP_TRIM_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    /// How often the heap's free pages are given back to the system (builds linked against
+    /// glibc; the image's static musl build ignores it). Without it, glibc keeps the pages a
+    /// burst of work freed. At least 1s; 0s turns it off.
+    #[arg(long, env = "FLOTILLA_HEAP_TRIM_INTERVAL", default_value = "10s", value_parser = parse_trim_interval)]
     pub heap_trim_interval: std::time::Duration,
     /// How long a replica given SIGTERM waits for its work to stop before it exits anyway. It
     /// closes its fence and releases its Leases first (within --renew-deadline), so what is
@@ -279,6 +279,16 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     }
 }
 
+/// `--heap-trim-interval`: 0s (never), or at least a second (each trim holds the allocator's
+/// locks while it walks the heap).
+pub fn parse_trim_interval(s: &str) -> Result<std::time::Duration, String> {
+    let d = parse_duration(s)?;
+    if !d.is_zero() && d < std::time::Duration::from_secs(1) {
+        return Err(format!("--heap-trim-interval {s:?} is under 1s: use 0s to turn trimming off, or 1s or more"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +300,14 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(std::time::Duration::from_secs(120)));
         assert!(parse_duration("6h").is_err());
         assert!(parse_duration("x").is_err());
+    }
+
+    #[test]
+    fn a_heap_trim_interval_is_off_or_at_least_a_second() {
+        assert_eq!(parse_trim_interval("0s"), Ok(std::time::Duration::ZERO));
+        assert_eq!(parse_trim_interval("1s"), Ok(std::time::Duration::from_secs(1)));
+        let e = parse_trim_interval("1ms").expect_err("a trim every millisecond");
+        assert!(e.contains("under 1s"), "{e}");
     }
 
     fn parse(args: &[&str]) -> Command {
