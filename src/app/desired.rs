@@ -481,8 +481,19 @@ pub fn service_differences(desired: &Service, observed: Option<&Service>) -> Vec
     };
     let (want, have) = (desired.spec.clone().unwrap_or_default(), observed.spec.clone().unwrap_or_default());
     diff(&mut out, "spec.selector", have.selector.as_ref(), want.selector.as_ref());
+    // A port is keyed by its number and protocol (TCP when unset), and compared in order of
+    // those: a protocol flipped by hand is drift too.
     let ports = |s: &ServiceSpec| {
-        s.ports.iter().flatten().map(|p| (p.name.clone(), p.port, p.target_port.clone())).collect::<Vec<_>>()
+        let mut ports = s
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| {
+                (p.port, p.protocol.clone().unwrap_or_else(|| "TCP".into()), p.name.clone(), p.target_port.clone())
+            })
+            .collect::<Vec<_>>();
+        ports.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        ports
     };
     diff(&mut out, "spec.ports", Some(ports(&have)), Some(ports(&want)));
     if !labels_cover(observed.metadata.labels.as_ref(), desired.metadata.labels.as_ref()) {

@@ -7,8 +7,8 @@
 //! field another writer owns. A Service's ports are a list keyed by port and protocol, so a
 //! port moved by hand is an entry of the other writer's: every apply then failed with
 //! "Duplicate value" (two entries named alike), and the Service was never put back; a port
-//! added by hand stayed for good, told as corrected drift at each reconcile. When the port
-//! numbers differ from those Flotilla wants, the ports are first replaced whole with a JSON
+//! added by hand stayed for good, told as corrected drift at each reconcile. When the ports'
+//! keys (number and protocol) differ from those Flotilla wants, the ports are first replaced whole with a JSON
 //! merge patch (a list in a merge patch replaces the list), conditional on the
 //! resourceVersion read; the apply then writes the rest. Only then: a replacement also drops
 //! what others set on Flotilla's own entry (an `appProtocol`), which an apply keeps.
@@ -16,17 +16,23 @@
 use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
 
-/// The port numbers of `s`, sorted.
-fn numbers(s: &Service) -> Vec<i32> {
-    let mut ports: Vec<i32> =
-        s.spec.as_ref().and_then(|s| s.ports.as_ref()).into_iter().flatten().map(|p| p.port).collect();
+/// The keys of `s`'s ports (number and protocol, TCP when unset), sorted.
+fn numbers(s: &Service) -> Vec<(i32, String)> {
+    let mut ports: Vec<(i32, String)> = s
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| (p.port, p.protocol.clone().unwrap_or_else(|| "TCP".into())))
+        .collect();
     ports.sort_unstable();
     ports
 }
 
 /// The merge patch that makes `observed`'s ports `wanted`'s, only if `observed` is still at
 /// its resourceVersion (409 otherwise); `None` when an apply can put them back (the same
-/// port numbers), or when Flotilla wants no port (the apiserver refuses a Service without).
+/// keys), or when Flotilla wants no port (the apiserver refuses a Service without).
 pub fn replacement(observed: &Service, wanted: &Service) -> Option<Value> {
     let want = numbers(wanted);
     if want.is_empty() || numbers(observed) == want {
@@ -77,9 +83,23 @@ mod tests {
                 ),
             ),
             ("no ports", service(web.clone(), Value::Null)),
+            (
+                "the protocol flipped",
+                service(web.clone(), json!([{"name": "http", "port": 80, "targetPort": 8080, "protocol": "UDP"}])),
+            ),
+            (
+                "the same number added for UDP",
+                service(
+                    web.clone(),
+                    json!([{"name": "http", "port": 80, "targetPort": 8080}, {"name": "dns", "port": 80, "protocol": "UDP"}]),
+                ),
+            ),
         ];
         for (what, observed) in cases {
             assert!(!service_differences(&wanted(), Some(&observed)).is_empty(), "{what}");
+            let mut projected = observed.clone();
+            crate::app::service_projection::project_service(&mut projected);
+            assert!(!service_differences(&wanted(), Some(&projected)).is_empty(), "{what}: seen through the cache");
             let patch = replacement(&observed, &wanted()).unwrap_or_else(|| panic!("{what}: no replacement"));
             assert_eq!(patch["metadata"]["resourceVersion"], "9", "{what}: only the version read");
             let after = merged(&observed, &patch);
