@@ -305,12 +305,14 @@ async fn drift_on_the_deployment_is_put_back() {
 
     wait_event(&client, &ns.name, "api", "DriftCorrected").await;
     let metrics = op.metrics().await;
-    let corrected = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("flotilla_drift_corrections_total{kind=\"Deployment\"} "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
+    let corrected = drift_corrections(&metrics, "Deployment");
     assert!(corrected >= 2.0, "two drift corrections counted; metrics:\n{metrics}");
+}
+
+/// `flotilla_drift_corrections_total` of `kind` in the operator's `metrics` (0 when absent).
+fn drift_corrections(metrics: &str, kind: &str) -> f64 {
+    let series = format!("flotilla_drift_corrections_total{{kind=\"{kind}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(series.as_str())).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
 }
 
 /// The Service cache keeps a projection (`app::service_projection`): a hand edit of what it
@@ -358,11 +360,7 @@ async fn drift_on_the_service_is_put_back() {
 
     wait_event(&client, &ns.name, "web", "DriftCorrected").await;
     let metrics = op.metrics().await;
-    let corrected = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("flotilla_drift_corrections_total{kind=\"Service\"} "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
+    let corrected = drift_corrections(&metrics, "Service");
     assert!(corrected >= 2.0, "two drift corrections of the Service counted; metrics:\n{metrics}");
 }
 

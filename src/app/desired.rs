@@ -472,6 +472,14 @@ pub fn deployment_differences(desired: &Deployment, observed: Option<&Deployment
     out
 }
 
+/// The protocol of a Service port that names none.
+pub const DEFAULT_PROTOCOL: &str = "TCP";
+
+/// What keys a Service port in its list: its number and protocol.
+pub fn port_key(p: &ServicePort) -> (i32, &str) {
+    (p.port, p.protocol.as_deref().unwrap_or(DEFAULT_PROTOCOL))
+}
+
 /// The fields the operator owns on the Service that differ from `desired`.
 pub fn service_differences(desired: &Service, observed: Option<&Service>) -> Vec<Difference> {
     let mut out = Vec::new();
@@ -483,18 +491,17 @@ pub fn service_differences(desired: &Service, observed: Option<&Service>) -> Vec
     diff(&mut out, "spec.selector", have.selector.as_ref(), want.selector.as_ref());
     // A port is keyed by its number and protocol (TCP when unset), and compared in order of
     // those: a protocol flipped by hand is drift too.
-    let ports = |s: &ServiceSpec| {
+    type Compared<'a> = ((i32, &'a str), Option<&'a str>, Option<&'a IntOrString>);
+    fn ports(s: &ServiceSpec) -> Vec<Compared<'_>> {
         let mut ports = s
             .ports
             .iter()
             .flatten()
-            .map(|p| {
-                (p.port, p.protocol.clone().unwrap_or_else(|| "TCP".into()), p.name.clone(), p.target_port.clone())
-            })
+            .map(|p| (port_key(p), p.name.as_deref(), p.target_port.as_ref()))
             .collect::<Vec<_>>();
-        ports.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        ports.sort_by_key(|p| p.0);
         ports
-    };
+    }
     diff(&mut out, "spec.ports", Some(ports(&have)), Some(ports(&want)));
     if !labels_cover(observed.metadata.labels.as_ref(), desired.metadata.labels.as_ref()) {
         out.push(Difference { field: "metadata.labels", observed: "changed".into(), desired: "restored".into() });

@@ -2,16 +2,18 @@
 //! a delete read, not the whole object. Pure: no I/O.
 //!
 //! `desired::service_differences` compares the selector, each port's number, protocol, name
-//! and target port, and the labels; `applied::written_as` reads the applied mark; a claim and a
-//! delete read the owners, the uid and the resourceVersion. What the apiserver fills in (the
-//! cluster IPs, their families and policies, the session affinity, the type, a port's
-//! protocol when it is the default TCP, the status) is about a third of a Service's text in the cache, and none of it
-//! is read. A cached Service is never written back: the apply sends what Flotilla wants.
+//! and target port, and the labels; `applied::written_as` reads the applied mark; a claim and
+//! a delete read the owners, the uid and the resourceVersion. What the apiserver fills in
+//! (the cluster IPs, their families and policies, the session affinity, the type, a port's
+//! protocol when it is the default TCP, the status) is about a third of a Service's text in
+//! the cache, and none of it is read. A cached Service is never written back: the apply sends
+//! what Flotilla wants.
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::app::applied::ANNOTATION_APPLIED;
+use crate::app::desired::DEFAULT_PROTOCOL;
 
 /// Keeps of `s` only what is read (see the module's text).
 pub fn project_service(s: &mut Service) {
@@ -42,7 +44,7 @@ pub fn project_service(s: &mut Service) {
                     port: p.port,
                     target_port: p.target_port,
                     // Part of a port's key: kept when it is not the default.
-                    protocol: p.protocol.filter(|x| x != "TCP"),
+                    protocol: p.protocol.filter(|x| x != DEFAULT_PROTOCOL),
                     ..ServicePort::default()
                 })
                 .collect()

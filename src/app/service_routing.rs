@@ -8,34 +8,29 @@
 //! port moved by hand is an entry of the other writer's: every apply then failed with
 //! "Duplicate value" (two entries named alike), and the Service was never put back; a port
 //! added by hand stayed for good, told as corrected drift at each reconcile. When the ports'
-//! keys (number and protocol) differ from those Flotilla wants, the ports are first replaced whole with a JSON
-//! merge patch (a list in a merge patch replaces the list), conditional on the
-//! resourceVersion read; the apply then writes the rest. Only then: a replacement also drops
-//! what others set on Flotilla's own entry (an `appProtocol`), which an apply keeps.
+//! keys (number and protocol) differ from those Flotilla wants, the ports are first replaced
+//! whole with a JSON merge patch (a list in a merge patch replaces the list), conditional on
+//! the resourceVersion read; the apply then writes the rest. Only then: a replacement also
+//! drops what others set on Flotilla's own entry (an `appProtocol`), which an apply keeps.
 
 use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
 
-/// The keys of `s`'s ports (number and protocol, TCP when unset), sorted.
-fn numbers(s: &Service) -> Vec<(i32, String)> {
-    let mut ports: Vec<(i32, String)> = s
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|p| (p.port, p.protocol.clone().unwrap_or_else(|| "TCP".into())))
-        .collect();
-    ports.sort_unstable();
-    ports
+use crate::app::desired::port_key;
+
+/// The keys of `s`'s ports (`desired::port_key`), sorted.
+fn keys(s: &Service) -> Vec<(i32, &str)> {
+    let mut keys: Vec<_> = s.spec.as_ref().and_then(|s| s.ports.as_ref()).into_iter().flatten().map(port_key).collect();
+    keys.sort_unstable();
+    keys
 }
 
 /// The merge patch that makes `observed`'s ports `wanted`'s, only if `observed` is still at
 /// its resourceVersion (409 otherwise); `None` when an apply can put them back (the same
 /// keys), or when Flotilla wants no port (the apiserver refuses a Service without).
 pub fn replacement(observed: &Service, wanted: &Service) -> Option<Value> {
-    let want = numbers(wanted);
-    if want.is_empty() || numbers(observed) == want {
+    let want = keys(wanted);
+    if want.is_empty() || keys(observed) == want {
         return None;
     }
     let ports = wanted.spec.as_ref().and_then(|s| s.ports.as_ref()).map(|p| json!(p))?;

@@ -282,9 +282,8 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     metrics.app_budget(settings.sharding.budget.map(|b| b.max_apps), false);
 
     let mut tasks: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
-    if !settings.heap_trim_interval.is_zero() {
-        tasks.push(("heap trim", tokio::spawn(heap_trim::trim_until(settings.heap_trim_interval, stop_rx.clone()))));
-    }
+    // Returns at once when trimming is off, or the allocator has no trim.
+    tasks.push(("heap trim", tokio::spawn(heap_trim::trim_until(settings.heap_trim_interval, stop_rx.clone()))));
     if let Some(webhook) = settings.webhook.clone() {
         let (_, webhook_tasks) =
             crate::webhook::start(client.clone(), webhook, metrics.clone(), stop_rx.clone()).await?;
