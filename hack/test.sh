@@ -7,6 +7,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 . "$here/versions.sh"
 cd "$root"
+# A fresh clone (CI) rebuilds the crate whole whatever its incremental state says, and that
+# state grew by gigabytes each run in the shared target dir: 69 s instead of 81 s without it.
+export CARGO_INCREMENTAL=0
 t0=$(date +%s)
 step() { echo; echo "== $* ($(( $(date +%s) - t0 ))s)"; }
 
