@@ -27,7 +27,9 @@
 # - the time for one changed App to be reconciled (its rollout started) while all are present (p50/p99);
 # - failover with every App present (FLOTILLA_BENCH_FAILOVER=0 skips it): kill -9 of a
 #   replica, its restart, then SIGTERM of another; after each, the time until every shard
-#   is held by the live replicas and until changed Apps in 30 namespaces are reconciled.
+#   is held by the live replicas (the last of the new holders' acquireTime stamps on the
+#   departed replica's Leases, and what a poll of the Leases saw) and until changed Apps in
+#   30 namespaces are reconciled.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/hack/versions.sh"
@@ -325,17 +327,38 @@ if [ "$FAILOVER" = 1 ]; then
         | awk -F'[=:]' -v v="$1" '$1==$2 && $3==v {ok=1} END{exit !ok}' || return 1
     done
   }
+  leases_of() { # leases_of ID: the shard Leases ID holds
+    kubectl -n flotilla-system get leases -l flotilla.dev/lease=shard \
+      -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v id="$1" '$2==id {print $1}'
+  }
+  acquired_after() { # acquired_after T0 LEASE...: seconds from T0 to the last of the LEASEs'
+    # acquisitions, as each new holder stamped it (spec.acquireTime, in microseconds, from the
+    # same clock as T0); null unless all were acquired after T0
+    kubectl -n flotilla-system get leases -l flotilla.dev/lease=shard -o json | python3 -c '
+import datetime, json, sys
+t0, names = float(sys.argv[1]), set(sys.argv[2:])
+stamps = [datetime.datetime.fromisoformat(l["spec"]["acquireTime"].replace("Z", "+00:00")).timestamp()
+          for l in json.load(sys.stdin)["items"]
+          if l["metadata"]["name"] in names and l.get("spec", {}).get("acquireTime")]
+late = [t - t0 for t in stamps if t > t0]
+print("%.2f" % max(late) if names and len(late) == len(names) else "null")' "$@"
+  }
   failover_step() { # failover_step SIGNAL I VERSION SURVIVOR...: signals replica I while the
-    # sample is changed to VERSION; sets step_held (every shard held by the SURVIVORs) and
-    # step_reconciled (every changed App reconciled), in seconds from the signal.
-    local signal=$1 victim=$2 version=$3 t0 changer
+    # sample is changed to VERSION; sets step_held (every shard of replica I acquired by a
+    # SURVIVOR, from the Leases' acquireTime), step_polled (the same seen by a poll of the
+    # Leases every 0.2 s, which adds up to a poll's time) and step_reconciled (every changed
+    # App reconciled), in seconds from the signal.
+    local signal=$1 victim=$2 version=$3 t0 changer lost
     shift 3
+    lost=$(leases_of "scale-$victim")
     t0=$(now)
     kill "-$signal" "${PIDS[$victim]}"
     change_sample "$version" &
     changer=$!
     until held_by "$@"; do sleep 0.2; done
-    step_held=$(since "$t0")
+    step_polled=$(since "$t0")
+    # shellcheck disable=SC2086
+    step_held=$(acquired_after "$t0" $lost)
     wait "$changer"
     until sample_at "$version"; do sleep 0.5; done
     step_reconciled=$(since "$t0")
@@ -350,8 +373,8 @@ if [ "$FAILOVER" = 1 ]; then
   echo ">> failover with $APPS Apps present: kill -9 of scale-0, changes in $(sample_ns | wc -l) namespaces"
   # shellcheck disable=SC2046
   failover_step KILL 0 f1 $(printf 'scale-%s ' $(seq 1 $((REPLICAS - 1))))
-  kill_held=$step_held kill_reconciled=$step_reconciled
-  echo "   every shard held by the survivors after ${kill_held}s; every changed App reconciled after ${kill_reconciled}s"
+  kill_held=$step_held kill_polled=$step_polled kill_reconciled=$step_reconciled
+  echo "   every shard held by the survivors after ${kill_held}s (seen by the poll after ${kill_polled}s); every changed App reconciled after ${kill_reconciled}s"
   echo ">> scale-0 restarts (a rolling upgrade's next step)"
   t0=$(now)
   start_replica 0
@@ -361,10 +384,10 @@ if [ "$FAILOVER" = 1 ]; then
   echo ">> SIGTERM of scale-1, changes in the same namespaces"
   # shellcheck disable=SC2046
   failover_step TERM 1 f2 $(printf 'scale-%s ' $(seq 0 $((REPLICAS - 1))) | sed 's/scale-1 //')
-  term_held=$step_held term_reconciled=$step_reconciled
-  echo "   every shard held by the others after ${term_held}s; every changed App reconciled after ${term_reconciled}s"
+  term_held=$step_held term_polled=$step_polled term_reconciled=$step_reconciled
+  echo "   every shard held by the others after ${term_held}s (seen by the poll after ${term_polled}s); every changed App reconciled after ${term_reconciled}s"
   failover_peak=$(awk -v a="$failover_from" '$1>=a && $3>m {m=$3} END{printf "%.0f", m/1024}' "$WORK/rss")
-  failover_json=",\"failover\":{\"sample_namespaces\":$(sample_ns | wc -l),\"kill9_shards_held_seconds\":$kill_held,\"kill9_reconciled_seconds\":$kill_reconciled,\"restart_holds_shards_seconds\":$rejoin,\"sigterm_shards_held_seconds\":$term_held,\"sigterm_reconciled_seconds\":$term_reconciled,\"peak_rss_mib\":$failover_peak}"
+  failover_json=",\"failover\":{\"sample_namespaces\":$(sample_ns | wc -l),\"kill9_shards_held_seconds\":$kill_held,\"kill9_shards_held_polled_seconds\":$kill_polled,\"kill9_reconciled_seconds\":$kill_reconciled,\"restart_holds_shards_seconds\":$rejoin,\"sigterm_shards_held_seconds\":$term_held,\"sigterm_shards_held_polled_seconds\":$term_polled,\"sigterm_reconciled_seconds\":$term_reconciled,\"peak_rss_mib\":$failover_peak}"
 fi
 
 # Read from this control plane's audit log before the next system replaces it.
