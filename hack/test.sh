@@ -46,7 +46,7 @@ if [ -n "$dups" ]; then
 fi
 echo "ok: one version each of kube, kube-client, kube-core, kube-runtime, kube-derive, k8s-openapi"
 
-step "unit and end-to-end tests (built, then run in two queues side by side: hack/test-queues.sh)"
+step "unit and end-to-end tests (built, then run in queues side by side: hack/test-queues.sh)"
 built=$(mktemp)
 cargo test --locked --all-targets --no-run --message-format=json-render-diagnostics >"$built"
 bash "$here/test-queues.sh" <"$built"
