@@ -126,7 +126,11 @@ case "$cmd" in
   stop) kwokctl stop cluster --name "$name" >"$KWOK_WORKDIR/stop-$name.log" 2>&1 </dev/null ;;
   start)
     kwokctl start cluster --name "$name" >"$KWOK_WORKDIR/start-$name.log" 2>&1 </dev/null 8>&-
-    until healthy; do sleep 0.2; done
+    # A bounded wait: a component that cannot start (its port taken meanwhile) fails the
+    # caller with the log's path instead of holding it for good.
+    for _ in $(seq 1 300); do healthy && exit 0; sleep 0.2; done
+    echo "error: cluster '$name' not healthy 60 s after its start; see $KWOK_WORKDIR/start-$name.log and $KWOK_WORKDIR/clusters/$name/logs" >&2
+    exit 1
     ;;
   kubeconfig) echo "$kubeconfig" ;;
   *) echo "usage: $0 up|down|env|kubeconfig|stop|start|audit-log [NAME] [kwokctl flags]" >&2; exit 2 ;;
