@@ -7,7 +7,6 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use tokio::sync::watch;
@@ -131,12 +130,6 @@ where
 
 /// A cache of objects kept as text.
 pub type CompactStore<K> = Store<Compact<K>>;
-
-/// `obj` with what the operator never reads dropped (`slim`), as cached.
-pub fn slim_compact<K, W: Resource + Serialize>(mut obj: W) -> Compact<K> {
-    slim(&mut obj);
-    Compact::of(obj)
-}
 
 /// Whether the cache of `flag` has its first full list, once it has: false when its watch
 /// went before that (its stream was dropped), which must not read as synced.

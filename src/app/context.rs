@@ -307,7 +307,8 @@ impl Context {
 }
 
 /// The object `name` of `namespace` in `cache`, parsed back. An entry that does not parse
-/// (none should: each was written from the same type) is an error, which fails the reconcile
+/// (each was written from the same type, so only one whose text was too large to keep:
+/// another writer made it so) is an error, which fails the reconcile
 /// (`ReconcileError::unreadable`): planning from a part of the object could write over the rest.
 fn read_back<K>(cache: &Store<Compact<K>>, namespace: &str, name: &str) -> Result<Option<Arc<K>>, serde_json::Error>
 where

@@ -24,7 +24,7 @@ use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::telemetry::events::EventWriter;
-use crate::watch_cache::{Compact, cache_unmade, compact_cache, on_demand, slim, slim_compact};
+use crate::watch_cache::{Compact, cache_unmade, compact_cache, on_demand, slim};
 
 /// Who serves a namespace, when sharded: the write fence of this replica's shards and the
 /// tenant the namespace belongs to.
@@ -93,7 +93,7 @@ pub type Streams = ManagedStreams<
 /// be polled (the controller does; a test can drain them) for the caches to fill.
 pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
     let Shared { events, metrics, analyzer, slots, pod_policy } = shared;
-    let managed = || watcher::Config::default().labels(&names::managed_selector());
+    let managed = || watcher::Config::default().labels(&names::managed_selector()).page_size(LIST_PAGE);
     // Deployments as projections: what the planner and the drift check read (`projection`).
     // Both kept as text (`Compact`): a reconcile reads back the few it needs.
     let (deployments, deployments_synced, deployment_events) =
@@ -171,6 +171,25 @@ where
     }
 }
 
+/// Objects a list of the caches' asks for at once (kube-runtime's default is 500). Anyone
+/// who may write in a namespace can make each of its objects as large as the apiserver stores
+/// (1.5 MiB): a page of 500 of them would be read whole into memory before anything is
+/// dropped. 50 bounds a page at 75 MiB of text; a namespace of fewer objects is one request
+/// either way.
+pub const LIST_PAGE: u32 = 50;
+
+/// The most of one object's JSON a cache keeps (`Compact::of_at_most`): an App's template
+/// may be 64 KiB, and its status keeps a copy of the stable one beside the rest. An App over
+/// it is reported (an InvalidSpec Event that says how large it is) and its text not kept.
+pub const MAX_CACHED_BYTES: usize = 256 * 1024;
+
+/// An App as the App cache keeps it: without what the operator never reads (`slim`), and
+/// without its text when that is over `MAX_CACHED_BYTES`.
+fn compact_app(mut obj: DynamicObject) -> Compact<App> {
+    slim(&mut obj);
+    Compact::of_at_most(obj, MAX_CACHED_BYTES)
+}
+
 /// The Apps of a scope, read as dynamic objects (see `app_controller`).
 pub fn apps_api(client: &Client, scope: &Scope) -> Api<DynamicObject> {
     let app_resource = ApiResource::erase::<App>(&());
@@ -218,7 +237,7 @@ pub fn app_controller(
     // Kept as text (`Compact`), watched as dynamic objects so that one malformed App cannot
     // break the watch (and the cache) for all the others: each is parsed in its own reconcile.
     let (apps, apps_synced, app_events) =
-        compact_cache(apps_api(&client, &scope), watcher::Config::default(), slim_compact::<App, DynamicObject>);
+        compact_cache(apps_api(&client, &scope), watcher::Config::default().page_size(LIST_PAGE), compact_app);
     let namespace = match &scope {
         Scope::All => String::new(),
         Scope::Namespace(ns) => ns.clone(),

@@ -7,6 +7,11 @@
 //! empty (it held every App of the cluster, in full, on every replica). When the onboarded
 //! set changes (and has settled), the watch is started again: the Apps of a namespace that
 //! left it are listed, those of one that joined it dropped.
+//!
+//! Anyone who may create Apps in any namespace, onboarded or not, reaches this watch on every
+//! replica, so what it reads is bounded: it lists in pages of `LIST_PAGE`, and keeps of each
+//! App only its key, generation and status (`guard_view`), never its spec, labels or
+//! annotations, which can be as large as the apiserver stores an object.
 
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
@@ -22,7 +27,7 @@ use std::time::Instant;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::controller::{Scope, apps_api};
+use super::controller::{LIST_PAGE, Scope, apps_api};
 use super::error::ReconcileError;
 use super::reconcile::write_status;
 use crate::api::conditions::{DesiredCondition, merge_conditions, now_to_the_second};
@@ -31,7 +36,7 @@ use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::telemetry::events::EventWriter;
 use crate::tenancy::served::Ownership;
-use crate::watch_cache::slim;
+use serde::Deserialize;
 
 /// Reason on the Ready condition of an App in a namespace no Tenant onboarded.
 pub const NOT_ONBOARDED: &str = "NamespaceNotOnboarded";
@@ -45,10 +50,14 @@ struct GuardContext {
     fence: Fence,
 }
 
-/// The status that explains why nothing happens, or `None` when the App already shows it. Pure.
-pub fn not_onboarded_status(app: &App, now: Timestamp) -> Option<AppStatus> {
-    let namespace = app.namespace().unwrap_or_default();
-    let previous = app.status.clone().unwrap_or_default();
+/// The status that explains why nothing happens to an App of `namespace` at `generation`
+/// whose status is `previous`, or `None` when it already shows it. Pure.
+pub fn not_onboarded_status(
+    namespace: &str,
+    generation: Option<i64>,
+    previous: AppStatus,
+    now: Timestamp,
+) -> Option<AppStatus> {
     let message = format!(
         "namespace {namespace} is not onboarded: no Tenant lists it, so Flotilla has no rights here and creates nothing. \
          Ask your platform team to add it to a Tenant's spec.namespaces."
@@ -61,7 +70,7 @@ pub fn not_onboarded_status(app: &App, now: Timestamp) -> Option<AppStatus> {
     let condition = DesiredCondition { type_: "Ready", status: false, reason: NOT_ONBOARDED.into(), message };
     Some(AppStatus {
         phase: Some(AppPhase::Degraded),
-        conditions: merge_conditions(&previous.conditions, &[condition], app.metadata.generation, now),
+        conditions: merge_conditions(&previous.conditions, &[condition], generation, now),
         ..previous
     })
 }
@@ -76,18 +85,23 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
         }
     }
     let started = Instant::now();
-    let Ok(app) = serde_json::to_value(obj.as_ref()).and_then(serde_json::from_value::<App>) else {
-        return Ok(Action::await_change());
+    // A status that does not read as one (written by another writer) is left as it is.
+    let previous = match obj.data.get("status") {
+        None | Some(serde_json::Value::Null) => AppStatus::default(),
+        Some(status) => match AppStatus::deserialize(status) {
+            Ok(status) => status,
+            Err(_) => return Ok(Action::await_change()),
+        },
     };
-    let name = app.name_any();
+    let name = obj.name_any();
     let now = now_to_the_second();
-    let Some(status) = not_onboarded_status(&app, now) else {
+    let Some(status) = not_onboarded_status(&namespace, obj.metadata.generation, previous, now) else {
         return Ok(Action::await_change());
     };
     if !ctx.fence.may_write(&namespace) {
         return Ok(Action::await_change());
     }
-    let result = write_status(&ctx.client, &namespace, &name, &status, app.metadata.resource_version.as_deref()).await;
+    let result = write_status(&ctx.client, &namespace, &name, &status, obj.metadata.resource_version.as_deref()).await;
     ctx.metrics.reconciled("guard", started.elapsed(), result.as_ref().err().map(|_| "refused"));
     result?;
     ctx.metrics.app_not_onboarded();
@@ -110,6 +124,23 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
 fn error_policy(_obj: Arc<DynamicObject>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
     warn!(error = %err, "could not report an App outside onboarded namespaces");
     Action::requeue(std::time::Duration::from_secs(60))
+}
+
+/// What the guard keeps of an App: its name, namespace, uid, resourceVersion and generation,
+/// and its status. Pure.
+pub fn guard_view(obj: &mut DynamicObject) {
+    let m = &mut obj.metadata;
+    let kept = kube::api::ObjectMeta {
+        name: m.name.take(),
+        namespace: m.namespace.take(),
+        uid: m.uid.take(),
+        resource_version: m.resource_version.take(),
+        generation: m.generation.take(),
+        ..Default::default()
+    };
+    *m = kept;
+    let status = obj.data.get_mut("status").map(serde_json::Value::take);
+    obj.data = serde_json::json!({ "status": status });
 }
 
 /// Whether the guard keeps an App of `namespace` in its cache. Pure.
@@ -191,9 +222,9 @@ async fn run_guard(
     });
     let writer = reflector::store::Writer::<DynamicObject>::new(ctx.app_resource.clone());
     let store = writer.as_reader();
-    let events = watcher(apps_api(&client, &Scope::All), watcher::Config::default())
+    let events = watcher(apps_api(&client, &Scope::All), watcher::Config::default().page_size(LIST_PAGE))
         .default_backoff()
-        .modify(slim::<DynamicObject>)
+        .modify(guard_view)
         .filter(move |event| {
             let keep = match event {
                 Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => {
@@ -220,7 +251,6 @@ async fn run_guard(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::AppSpec;
 
     #[test]
     fn only_apps_outside_onboarded_namespaces_are_kept() {
@@ -232,14 +262,37 @@ mod tests {
 
     #[test]
     fn marks_once_and_keeps_current_version() {
-        let mut app = App::new("web", AppSpec { image: "a/b".into(), version: "2".into(), ..AppSpec::default() });
-        app.metadata.namespace = Some("nowhere".into());
-        app.status = Some(AppStatus { current_version: Some("1".into()), ..AppStatus::default() });
+        let previous = AppStatus { current_version: Some("1".into()), ..AppStatus::default() };
         let now = Timestamp::from_second(5).expect("ts");
-        let status = not_onboarded_status(&app, now).expect("first time writes");
+        let status = not_onboarded_status("nowhere", Some(2), previous, now).expect("first time writes");
         assert_eq!(status.current_version.as_deref(), Some("1"));
         assert_eq!(status.conditions[0].reason, NOT_ONBOARDED);
-        app.status = Some(status);
-        assert_eq!(not_onboarded_status(&app, now), None, "second time writes nothing");
+        assert_eq!(status.conditions[0].observed_generation, Some(2));
+        assert_eq!(not_onboarded_status("nowhere", Some(2), status, now), None, "second time writes nothing");
+    }
+
+    #[test]
+    fn keeps_of_an_app_its_key_generation_and_status_only() {
+        let huge = "x".repeat(64 * 1024);
+        let mut obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+            "metadata": {"name": "web", "namespace": "nowhere", "uid": "u", "resourceVersion": "7",
+                "generation": 3, "labels": {"big": "x"}, "annotations": {"big": huge},
+                "finalizers": ["a/b"], "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                    "name": "c", "uid": "c"}]},
+            "spec": {"image": "a/b", "version": "2", "template": {"metadata": {"annotations": {"big": huge}}}},
+            "status": {"currentVersion": "1"}
+        }))
+        .expect("an App");
+        guard_view(&mut obj);
+        let kept = serde_json::to_string(&obj).expect("serializes");
+        assert!(kept.len() < 400, "{} bytes kept: {kept}", kept.len());
+        let m = &obj.metadata;
+        assert_eq!(
+            (m.name.as_deref(), m.namespace.as_deref(), m.uid.as_deref(), m.resource_version.as_deref(), m.generation),
+            (Some("web"), Some("nowhere"), Some("u"), Some("7"), Some(3))
+        );
+        let status = AppStatus::deserialize(&obj.data["status"]).expect("the status");
+        assert_eq!(status.current_version.as_deref(), Some("1"));
     }
 }

@@ -194,6 +194,12 @@ async fn termination() {
 
 /// Runs the replica until SIGTERM.
 pub async fn run(settings: Settings) -> Result<(), OperatorError> {
+    if heap_trim::hold_mmap_threshold() {
+        tracing::debug!(
+            bytes = heap_trim::MMAP_THRESHOLD,
+            "blocks from this size are mapped apart and unmapped when freed"
+        );
+    }
     if settings.network_allowed_namespaces.is_empty() {
         // Tenant isolation is the default: without this flag no ingress controller and no
         // Prometheus outside the tenants can reach their pods.

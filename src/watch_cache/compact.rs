@@ -20,14 +20,17 @@ use std::marker::PhantomData;
 /// `K` as cached: see the module's text.
 pub struct Compact<K> {
     metadata: ObjectMeta,
-    /// `K` as JSON, without the fields kept in `metadata`.
+    /// `K` as JSON, without the fields kept in `metadata`; empty when `oversized`.
     rest: Box<str>,
+    /// The length of that JSON and the limit it was cached under, when it was longer than
+    /// the limit: its text is then not kept, and `parse` says why.
+    oversized: Option<(u32, u32)>,
     kind: PhantomData<fn() -> K>,
 }
 
 impl<K> Clone for Compact<K> {
     fn clone(&self) -> Self {
-        Self { metadata: self.metadata.clone(), rest: self.rest.clone(), kind: PhantomData }
+        Self { metadata: self.metadata.clone(), rest: self.rest.clone(), oversized: self.oversized, kind: PhantomData }
     }
 }
 
@@ -94,7 +97,27 @@ impl<K> Compact<K> {
         // An object read from the apiserver always serializes. Were one not to, its text would
         // be empty, which `parse` refuses: a reader fails rather than act on half an object.
         let rest = serde_json::to_string(&obj).unwrap_or_default().into_boxed_str();
-        Self { metadata, rest, kind: PhantomData }
+        Self { metadata, rest, oversized: None, kind: PhantomData }
+    }
+
+    /// `obj` as cached, as `of` does, but without its text when that is longer than `limit`
+    /// bytes. A writer of the object's namespace can make it as large as the apiserver stores
+    /// (1.5 MiB by etcd's default), and a cache keeps every object of its kind there: kept
+    /// whole, a few hundred of them would take a replica's whole memory, and with it every
+    /// tenant's rollouts, on each replica the namespace's shard moved to after that.
+    pub fn of_at_most<T: Resource + Serialize>(obj: T, limit: usize) -> Self {
+        let mut cached = Self::of(obj);
+        if cached.rest.len() > limit {
+            let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            cached.oversized = Some((clamp(cached.rest.len()), clamp(limit)));
+            cached.rest = Box::from("");
+        }
+        cached
+    }
+
+    /// The length of the object's JSON and the limit it was over, when its text was not kept.
+    pub fn oversized(&self) -> Option<(u32, u32)> {
+        self.oversized
     }
 
     /// The object as it was cached, parsed as `K`: an error when it is not a valid `K` (an App
@@ -103,6 +126,11 @@ impl<K> Compact<K> {
     where
         K: Resource + DeserializeOwned,
     {
+        if let Some((bytes, limit)) = self.oversized {
+            return Err(serde::de::Error::custom(format!(
+                "it is {bytes} bytes of JSON, more than the {limit} Flotilla reads of one; make it smaller"
+            )));
+        }
         let mut obj: K = match serde_json::from_str(&self.rest) {
             Ok(obj) => obj,
             // Parsed again as a value, for the error only: its message then names no column of
@@ -121,7 +149,7 @@ impl<K> Compact<K> {
         Ok(obj)
     }
 
-    /// The JSON the entry holds beside its metadata.
+    /// The JSON the entry holds beside its metadata (none when `oversized`).
     pub fn json(&self) -> &str {
         &self.rest
     }
@@ -199,8 +227,28 @@ mod tests {
         let e = c.parse().expect_err("replicas is not a number").to_string();
         assert!(e.contains("three") && !e.contains("column"), "{e}");
         // Text that is not even JSON (never written, but refused all the same).
-        let empty = Compact::<Service> { metadata: ObjectMeta::default(), rest: "".into(), kind: PhantomData };
+        let empty =
+            Compact::<Service> { metadata: ObjectMeta::default(), rest: "".into(), oversized: None, kind: PhantomData };
         assert!(empty.parse().is_err(), "half an object is never read back");
+    }
+
+    #[test]
+    fn an_object_over_the_limit_keeps_its_metadata_and_says_why_it_cannot_be_read() {
+        use crate::api::App;
+        let huge = "x".repeat(300 * 1024);
+        let obj = app(serde_json::json!({"image": "registry.example.com/web", "version": "2",
+            "template": {"spec": {"containers": [{"name": "app", "env": [{"name": "E", "value": huge}]}]}}}));
+        let c = Compact::<App>::of_at_most(obj.clone(), 256 * 1024);
+        assert!(c.json().is_empty(), "its text is not kept");
+        assert_eq!(c.meta().name.as_deref(), Some("web"), "its key is");
+        let (bytes, limit) = c.oversized().expect("over the limit");
+        assert!(bytes > 300 * 1024 && limit == 256 * 1024, "{bytes} {limit}");
+        let e = c.parse().expect_err("not read").to_string();
+        assert!(e.contains(&format!("it is {bytes} bytes of JSON, more than the 262144")), "{e}");
+        // At or under the limit, kept whole.
+        let whole = Compact::<App>::of_at_most(obj, 400 * 1024);
+        assert!(whole.oversized().is_none());
+        assert_eq!(whole.parse().expect("read").spec.version, "2");
     }
 
     #[test]
