@@ -5,15 +5,16 @@
 # printed whole when it ends, under a line with its time and exit code. Exits non-zero if
 # any binary failed, once every queue has run, naming them.
 #   cargo test --no-run --message-format=json >built.json; bash hack/test-queues.sh <built.json
-# FLOTILLA_TEST_QUEUES=1 runs everything one after another, in cargo's order (2 by default).
+# FLOTILLA_TEST_QUEUES=1 runs everything one after another, by name (2 queues by default).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# "name path" of every test executable: the lib's and the binary's unit tests, then each
-# file of tests/.
+# "name path" of every test executable (the lib's and the binary's unit tests, and each file
+# of tests/), by name: cargo lists them in the order they finished building, and the order
+# of the binaries that share a cluster is kept the same from run to run.
 python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -25,7 +26,7 @@ for line in sys.stdin:
         t = m["target"]
         name = t["name"] if t["kind"] == ["test"] else t["kind"][0]
         print(name, m["executable"])
-' >"$out/all"
+' | sort -k1,1 >"$out/all"
 [ -s "$out/all" ] || { echo "error: cargo built no test binary" >&2; exit 1; }
 
 # The queues, each in its order. Binaries named nowhere go to the last queue. Times are one

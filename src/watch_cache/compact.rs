@@ -105,12 +105,22 @@ impl<K> Compact<K> {
     /// (1.5 MiB by etcd's default), and a cache keeps every object of its kind there: kept
     /// whole, a few hundred of them would take a replica's whole memory, and with it every
     /// tenant's rollouts, on each replica the namespace's shard moved to after that.
+    ///
+    /// The owner references kept in the metadata count too (a writer may put a thousand on
+    /// an object); over the limit only the controller's is kept, which maps the object's
+    /// events to its App.
     pub fn of_at_most<T: Resource + Serialize>(obj: T, limit: usize) -> Self {
         let mut cached = Self::of(obj);
-        if cached.rest.len() > limit {
+        let owners = cached.metadata.owner_references.as_ref().map_or(0, json_len);
+        let bytes = cached.rest.len().saturating_add(owners);
+        if bytes > limit {
             let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-            cached.oversized = Some((clamp(cached.rest.len()), clamp(limit)));
+            cached.oversized = Some((clamp(bytes), clamp(limit)));
             cached.rest = Box::from("");
+            if let Some(owners) = cached.metadata.owner_references.as_mut() {
+                owners.retain(|o| o.controller == Some(true));
+                owners.truncate(1);
+            }
         }
         cached
     }
@@ -153,6 +163,12 @@ impl<K> Compact<K> {
     pub fn json(&self) -> &str {
         &self.rest
     }
+}
+
+/// The length of `value` as JSON (0 if it does not serialize, which a value read from the
+/// apiserver always does).
+fn json_len<T: Serialize>(value: &T) -> usize {
+    serde_json::to_string(value).map_or(0, |s| s.len())
 }
 
 #[cfg(test)]
@@ -245,6 +261,23 @@ mod tests {
         assert!(bytes > 300 * 1024 && limit == 256 * 1024, "{bytes} {limit}");
         let e = c.parse().expect_err("not read").to_string();
         assert!(e.contains(&format!("it is {bytes} bytes of JSON, more than the 262144")), "{e}");
+        // Owner references count, and only the controller's is kept over the limit.
+        let mut owned = service();
+        let stray = |i: usize| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "example.com/v1".into(),
+            kind: "Thing".into(),
+            name: "x".repeat(200),
+            uid: format!("stray-{i}"),
+            ..Default::default()
+        };
+        if let Some(owners) = owned.metadata.owner_references.as_mut() {
+            owners.extend((0..2000).map(stray));
+        }
+        let c = Compact::<Service>::of_at_most(owned, 256 * 1024);
+        assert!(c.oversized().is_some_and(|(bytes, _)| bytes > 256 * 1024), "the owners counted");
+        let owners = c.meta().owner_references.as_deref().unwrap_or_default();
+        assert_eq!(owners.len(), 1, "only the controller's kept");
+        assert_eq!(owners[0].uid, "app-uid");
         // At or under the limit, kept whole.
         let whole = Compact::<App>::of_at_most(obj, 400 * 1024);
         assert!(whole.oversized().is_none());
