@@ -309,10 +309,16 @@ async fn operator_token_is_fenced(client: Client, operator: Client) {
     let r = deployments.delete("existing", &DeleteParams::default()).await;
     failures.extend(refused("a Deployment delete outside tenant namespaces", r, WORKLOADS));
     // The same request in the tenant namespace is allowed: the policy is not a blanket refusal.
-    Api::<Deployment>::namespaced(operator.clone(), &tenant_ns)
-        .create(&pp, &deployment)
-        .await
-        .expect("the operator may still create a Deployment in a tenant namespace");
+    // The replica takes its shards a moment after it is ready (from the previous test binary's
+    // replica, released or expired): until then the shard fence refuses the write, saying so.
+    let allowed = wait_for(Duration::from_secs(20), "the tenant namespace's shard held by the replica", || async {
+        match Api::<Deployment>::namespaced(operator.clone(), &tenant_ns).create(&pp, &deployment).await {
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("does not hold shard Lease") => None,
+            other => Some(other),
+        }
+    })
+    .await;
+    allowed.expect("the operator may still create a Deployment in a tenant namespace");
 
     // Last: without the policy, this one succeeds and the namespace is gone.
     let r = namespaces.delete(&victim, &DeleteParams::default()).await;
