@@ -7,6 +7,7 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use tokio::sync::watch;
@@ -118,6 +119,7 @@ where
     let writer = reflector::store::Writer::new(());
     let reader = writer.as_reader();
     let (synced_tx, synced_rx) = synced_flag();
+    let compact = move |obj| compact(obj).at_most(MAX_CACHED_BYTES);
     let events = watcher(api, config).default_backoff().map_ok(move |event| match event {
         watcher::Event::Apply(obj) => watcher::Event::Apply(compact(obj)),
         watcher::Event::Delete(obj) => watcher::Event::Delete(compact(obj)),
@@ -130,6 +132,18 @@ where
 
 /// A cache of objects kept as text.
 pub type CompactStore<K> = Store<Compact<K>>;
+
+/// The most of one object's JSON a cache of `compact_cache` keeps (`Compact::at_most`): an
+/// App's template may be 64 KiB, and its status keeps a copy of the stable one beside the
+/// rest. An App over it is reported (an InvalidSpec Event that says how large it is) and its
+/// text not kept.
+pub const MAX_CACHED_BYTES: usize = 256 * 1024;
+
+/// `obj` with what the operator never reads dropped (`slim`), as cached.
+pub fn slim_compact<K, W: Resource + Serialize>(mut obj: W) -> Compact<K> {
+    slim(&mut obj);
+    Compact::of(obj)
+}
 
 /// Whether the cache of `flag` has its first full list, once it has: false when its watch
 /// went before that (its stream was dropped), which must not read as synced.

@@ -24,7 +24,7 @@ use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::telemetry::events::EventWriter;
-use crate::watch_cache::{Compact, cache_unmade, compact_cache, on_demand, slim};
+use crate::watch_cache::{Compact, cache_unmade, compact_cache, on_demand, slim, slim_compact};
 
 /// Who serves a namespace, when sharded: the write fence of this replica's shards and the
 /// tenant the namespace belongs to.
@@ -178,18 +178,6 @@ where
 /// either way.
 pub const LIST_PAGE: u32 = 50;
 
-/// The most of one object's JSON a cache keeps (`Compact::of_at_most`): an App's template
-/// may be 64 KiB, and its status keeps a copy of the stable one beside the rest. An App over
-/// it is reported (an InvalidSpec Event that says how large it is) and its text not kept.
-pub const MAX_CACHED_BYTES: usize = 256 * 1024;
-
-/// An App as the App cache keeps it: without what the operator never reads (`slim`), and
-/// without its text when that is over `MAX_CACHED_BYTES`.
-fn compact_app(mut obj: DynamicObject) -> Compact<App> {
-    slim(&mut obj);
-    Compact::of_at_most(obj, MAX_CACHED_BYTES)
-}
-
 /// The Apps of a scope, read as dynamic objects (see `app_controller`).
 pub fn apps_api(client: &Client, scope: &Scope) -> Api<DynamicObject> {
     let app_resource = ApiResource::erase::<App>(&());
@@ -236,8 +224,11 @@ pub fn app_controller(
 ) -> impl Future<Output = ()> {
     // Kept as text (`Compact`), watched as dynamic objects so that one malformed App cannot
     // break the watch (and the cache) for all the others: each is parsed in its own reconcile.
-    let (apps, apps_synced, app_events) =
-        compact_cache(apps_api(&client, &scope), watcher::Config::default().page_size(LIST_PAGE), compact_app);
+    let (apps, apps_synced, app_events) = compact_cache(
+        apps_api(&client, &scope),
+        watcher::Config::default().page_size(LIST_PAGE),
+        slim_compact::<App, DynamicObject>,
+    );
     let namespace = match &scope {
         Scope::All => String::new(),
         Scope::Namespace(ns) => ns.clone(),

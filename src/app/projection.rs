@@ -80,7 +80,7 @@ fn failures_only(conditions: Vec<DeploymentCondition>) -> Vec<DeploymentConditio
 /// `d` projected, as cached (`watch_cache::compact`).
 pub fn compact_deployment(mut d: Deployment) -> crate::watch_cache::Compact<Deployment> {
     project_deployment(&mut d);
-    crate::watch_cache::Compact::of_at_most(d, crate::app::controller::MAX_CACHED_BYTES)
+    crate::watch_cache::Compact::of(d)
 }
 
 /// What the drift check reads of the main container. A `Container` is about 1.5 KB before

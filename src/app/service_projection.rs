@@ -57,7 +57,7 @@ pub fn project_service(s: &mut Service) {
 pub fn compact_service(mut s: Service) -> crate::watch_cache::Compact<Service> {
     crate::watch_cache::slim(&mut s);
     project_service(&mut s);
-    crate::watch_cache::Compact::of_at_most(s, crate::app::controller::MAX_CACHED_BYTES)
+    crate::watch_cache::Compact::of(s)
 }
 
 #[cfg(test)]

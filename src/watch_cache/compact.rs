@@ -100,29 +100,29 @@ impl<K> Compact<K> {
         Self { metadata, rest, oversized: None, kind: PhantomData }
     }
 
-    /// `obj` as cached, as `of` does, but without its text when that is longer than `limit`
-    /// bytes. A writer of the object's namespace can make it as large as the apiserver stores
-    /// (1.5 MiB by etcd's default), and a cache keeps every object of its kind there: kept
-    /// whole, a few hundred of them would take a replica's whole memory, and with it every
-    /// tenant's rollouts, on each replica the namespace's shard moved to after that.
+    /// This entry without its text when that is longer than `limit` bytes. A writer of the
+    /// object's namespace can make it as large as the apiserver stores (1.5 MiB by etcd's
+    /// default), and a cache keeps every object of its kind there: kept whole, a few hundred
+    /// of them would take a replica's whole memory, and with it every tenant's rollouts, on
+    /// each replica the namespace's shard moved to after that. `compact_cache` caps every
+    /// entry it keeps with it.
     ///
     /// The owner references kept in the metadata count too (a writer may put a thousand on
     /// an object); over the limit only the controller's is kept, which maps the object's
     /// events to its App.
-    pub fn of_at_most<T: Resource + Serialize>(obj: T, limit: usize) -> Self {
-        let mut cached = Self::of(obj);
-        let owners = cached.metadata.owner_references.as_ref().map_or(0, json_len);
-        let bytes = cached.rest.len().saturating_add(owners);
+    pub fn at_most(mut self, limit: usize) -> Self {
+        let owners = self.metadata.owner_references.as_ref().map_or(0, json_len);
+        let bytes = self.rest.len().saturating_add(owners);
         if bytes > limit {
             let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-            cached.oversized = Some((clamp(bytes), clamp(limit)));
-            cached.rest = Box::from("");
-            if let Some(owners) = cached.metadata.owner_references.as_mut() {
+            self.oversized = Some((clamp(bytes), clamp(limit)));
+            self.rest = Box::from("");
+            if let Some(owners) = self.metadata.owner_references.as_mut() {
                 owners.retain(|o| o.controller == Some(true));
                 owners.truncate(1);
             }
         }
-        cached
+        self
     }
 
     /// The length of the object's JSON and the limit it was over, when its text was not kept.
@@ -254,7 +254,7 @@ mod tests {
         let huge = "x".repeat(300 * 1024);
         let obj = app(serde_json::json!({"image": "registry.example.com/web", "version": "2",
             "template": {"spec": {"containers": [{"name": "app", "env": [{"name": "E", "value": huge}]}]}}}));
-        let c = Compact::<App>::of_at_most(obj.clone(), 256 * 1024);
+        let c = Compact::<App>::of(obj.clone()).at_most(256 * 1024);
         assert!(c.json().is_empty(), "its text is not kept");
         assert_eq!(c.meta().name.as_deref(), Some("web"), "its key is");
         let (bytes, limit) = c.oversized().expect("over the limit");
@@ -273,13 +273,13 @@ mod tests {
         if let Some(owners) = owned.metadata.owner_references.as_mut() {
             owners.extend((0..2000).map(stray));
         }
-        let c = Compact::<Service>::of_at_most(owned, 256 * 1024);
+        let c = Compact::<Service>::of(owned).at_most(256 * 1024);
         assert!(c.oversized().is_some_and(|(bytes, _)| bytes > 256 * 1024), "the owners counted");
         let owners = c.meta().owner_references.as_deref().unwrap_or_default();
         assert_eq!(owners.len(), 1, "only the controller's kept");
         assert_eq!(owners[0].uid, "app-uid");
         // At or under the limit, kept whole.
-        let whole = Compact::<App>::of_at_most(obj, 400 * 1024);
+        let whole = Compact::<App>::of(obj).at_most(400 * 1024);
         assert!(whole.oversized().is_none());
         assert_eq!(whole.parse().expect("read").spec.version, "2");
     }
