@@ -359,7 +359,16 @@ async fn drift_on_the_service_is_put_back() {
     .await;
 
     wait_event(&client, &ns.name, "web", "DriftCorrected").await;
-    let metrics = op.metrics().await;
+    // The Service is seen put back as soon as the write lands; the reconcile counts the
+    // correction just after it, so the count is read until it shows (or 10 s pass).
+    let mut metrics = String::new();
+    for _ in 0..50 {
+        metrics = op.metrics().await;
+        if drift_corrections(&metrics, "Service") >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let corrected = drift_corrections(&metrics, "Service");
     assert!(corrected >= 2.0, "two drift corrections of the Service counted; metrics:\n{metrics}");
 }
