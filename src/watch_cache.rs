@@ -1,13 +1,14 @@
 //! Watch-fed caches with a "synced" flag that any number of tasks can wait on.
 
 pub mod compact;
+mod streamed;
+pub mod streaming_lists;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use tokio::sync::watch;
@@ -138,12 +139,6 @@ pub type CompactStore<K> = Store<Compact<K>>;
 /// rest. An App over it is reported (an InvalidSpec Event that says how large it is) and its
 /// text not kept.
 pub const MAX_CACHED_BYTES: usize = 256 * 1024;
-
-/// `obj` with what the operator never reads dropped (`slim`), as cached.
-pub fn slim_compact<K, W: Resource + Serialize>(mut obj: W) -> Compact<K> {
-    slim(&mut obj);
-    Compact::of(obj)
-}
 
 /// Whether the cache of `flag` has its first full list, once it has: false when its watch
 /// went before that (its stream was dropped), which must not read as synced.

@@ -540,19 +540,25 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
     let events = flotilla::telemetry::events::EventWriter::new(client.clone(), reporter);
     let metrics = flotilla::telemetry::Metrics::new().expect("metrics");
     let analyzer = flotilla::rollout::Analyzer::new(None, Default::default()).expect("analyzer");
-    let shared =
-        flotilla::app::controller::Shared { events, metrics, analyzer, slots: None, pod_policy: Default::default() };
+    let shared = flotilla::app::controller::Shared {
+        events,
+        metrics,
+        analyzer,
+        slots: None,
+        pod_policy: Default::default(),
+        streaming_lists: false,
+    };
     let (ctx, streams) = flotilla::app::controller::context(client.clone(), &scope, shared, None);
     use futures::StreamExt;
     tokio::spawn(streams.deployments.for_each(|_| async {}));
     tokio::spawn(streams.hpas.for_each(|_| async {}));
     tokio::spawn(streams.services.for_each(|_| async {}));
     tokio::spawn(streams.config_maps.for_each(|_| async {}));
-    let dynamic = flotilla::app::controller::apps_api(&client, &scope);
+    // Read as the App cache reads them.
+    let cache_reads = scope.api::<flotilla::watch_cache::Compact<App>>(&client);
     for name in ["quiet", "still"] {
         for _ in 0..100 {
-            let obj = dynamic.get(name).await.expect("app");
-            let cached = flotilla::watch_cache::Compact::<flotilla::api::App>::of(obj);
+            let cached = cache_reads.get(name).await.expect("app");
             flotilla::app::reconcile::reconcile(std::sync::Arc::new(cached), ctx.clone()).await.expect("reconcile");
         }
     }

@@ -9,13 +9,12 @@
 //! left it are listed, those of one that joined it dropped.
 //!
 //! Anyone who may create Apps in any namespace, onboarded or not, reaches this watch on every
-//! replica, so what it reads is bounded: it lists in pages of `LIST_PAGE`, and keeps of each
-//! App only its key, generation and status (`guard_view`), never its spec, labels or
-//! annotations, which can be as large as the apiserver stores an object.
+//! replica, so what it reads is bounded: it lists in pages of `APP_LIST_PAGE`, and reads of
+//! each App only its key, generation and status (`LightApp`), skipping its spec, labels and
+//! annotations as they are read: they can be as large as the apiserver stores an object.
 
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector;
@@ -27,16 +26,16 @@ use std::time::Instant;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::controller::{LIST_PAGE, Scope, apps_api};
+use super::controller::{Scope, app_lists};
 use super::error::ReconcileError;
+use super::light::LightApp;
 use super::reconcile::write_status;
 use crate::api::conditions::{DesiredCondition, merge_conditions, now_to_the_second};
-use crate::api::{App, AppPhase, AppStatus};
+use crate::api::{AppPhase, AppStatus};
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::telemetry::events::EventWriter;
 use crate::tenancy::served::Ownership;
-use serde::Deserialize;
 
 /// Reason on the Ready condition of an App in a namespace no Tenant onboarded.
 pub const NOT_ONBOARDED: &str = "NamespaceNotOnboarded";
@@ -45,9 +44,10 @@ struct GuardContext {
     client: Client,
     events: EventWriter,
     metrics: Metrics,
-    app_resource: kube::api::ApiResource,
     ownership: watch::Receiver<Ownership>,
     fence: Fence,
+    /// Whether the apiserver streams a watch's initial state (`watch_cache::streaming_lists`).
+    streaming_lists: bool,
 }
 
 /// The status that explains why nothing happens to an App of `namespace` at `generation`
@@ -75,7 +75,7 @@ pub fn not_onboarded_status(
     })
 }
 
-async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Action, ReconcileError> {
+async fn reconcile(obj: Arc<LightApp>, ctx: Arc<GuardContext>) -> Result<Action, ReconcileError> {
     let namespace = obj.namespace().unwrap_or_default();
     {
         let ownership = ctx.ownership.borrow();
@@ -86,22 +86,18 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
     }
     let started = Instant::now();
     // A status that does not read as one (written by another writer) is left as it is.
-    let previous = match obj.data.get("status") {
-        None | Some(serde_json::Value::Null) => AppStatus::default(),
-        Some(status) => match AppStatus::deserialize(status) {
-            Ok(status) => status,
-            Err(_) => return Ok(Action::await_change()),
-        },
+    let Ok(previous) = obj.status() else {
+        return Ok(Action::await_change());
     };
     let name = obj.name_any();
     let now = now_to_the_second();
-    let Some(status) = not_onboarded_status(&namespace, obj.metadata.generation, previous, now) else {
+    let Some(status) = not_onboarded_status(&namespace, obj.meta().generation, previous, now) else {
         return Ok(Action::await_change());
     };
     if !ctx.fence.may_write(&namespace) {
         return Ok(Action::await_change());
     }
-    let result = write_status(&ctx.client, &namespace, &name, &status, obj.metadata.resource_version.as_deref()).await;
+    let result = write_status(&ctx.client, &namespace, &name, &status, obj.meta().resource_version.as_deref()).await;
     ctx.metrics.reconciled("guard", started.elapsed(), result.as_ref().err().map(|_| "refused"));
     result?;
     ctx.metrics.app_not_onboarded();
@@ -115,32 +111,15 @@ async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<GuardContext>) -> Result<Ac
         secondary: None,
     };
     let may_write = || ctx.fence.may_write(&namespace);
-    if let Err(e) = ctx.events.publish_while(&event, &obj.object_ref(&ctx.app_resource), may_write).await {
+    if let Err(e) = ctx.events.publish_while(&event, &obj.object_ref(&()), may_write).await {
         warn!(error = %e, "could not record Event");
     }
     Ok(Action::await_change())
 }
 
-fn error_policy(_obj: Arc<DynamicObject>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
+fn error_policy(_obj: Arc<LightApp>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
     warn!(error = %err, "could not report an App outside onboarded namespaces");
     Action::requeue(std::time::Duration::from_secs(60))
-}
-
-/// What the guard keeps of an App: its name, namespace, uid, resourceVersion and generation,
-/// and its status. Pure.
-pub fn guard_view(obj: &mut DynamicObject) {
-    let m = &mut obj.metadata;
-    let kept = kube::api::ObjectMeta {
-        name: m.name.take(),
-        namespace: m.namespace.take(),
-        uid: m.uid.take(),
-        resource_version: m.resource_version.take(),
-        generation: m.generation.take(),
-        ..Default::default()
-    };
-    *m = kept;
-    let status = obj.data.get_mut("status").map(serde_json::Value::take);
-    obj.data = serde_json::json!({ "status": status });
 }
 
 /// Whether the guard keeps an App of `namespace` in its cache. Pure.
@@ -155,13 +134,14 @@ pub async fn guard(
     metrics: Metrics,
     ownership: watch::Receiver<Ownership>,
     fence: Fence,
+    streaming_lists: bool,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ctx = Arc::new(GuardContext {
+        streaming_lists,
         events: EventWriter::new(client.clone(), reporter),
         client: client.clone(),
         metrics,
-        app_resource: kube::api::ApiResource::erase::<App>(&()),
         ownership: ownership.clone(),
         fence,
     });
@@ -220,11 +200,10 @@ async fn run_guard(
         rx.changed().await.ok()?;
         Some(((), rx))
     });
-    let writer = reflector::store::Writer::<DynamicObject>::new(ctx.app_resource.clone());
+    let writer = reflector::store::Writer::<LightApp>::new(());
     let store = writer.as_reader();
-    let events = watcher(apps_api(&client, &Scope::All), watcher::Config::default().page_size(LIST_PAGE))
+    let events = watcher(Scope::All.api::<LightApp>(&client), app_lists(ctx.streaming_lists))
         .default_backoff()
-        .modify(guard_view)
         .filter(move |event| {
             let keep = match event {
                 Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => {
@@ -236,7 +215,7 @@ async fn run_guard(
         })
         .reflect(writer)
         .touched_objects();
-    Controller::for_stream_with(events, store, ctx.app_resource.clone())
+    Controller::for_stream(events, store)
         .reconcile_all_on(changes)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
@@ -269,30 +248,5 @@ mod tests {
         assert_eq!(status.conditions[0].reason, NOT_ONBOARDED);
         assert_eq!(status.conditions[0].observed_generation, Some(2));
         assert_eq!(not_onboarded_status("nowhere", Some(2), status, now), None, "second time writes nothing");
-    }
-
-    #[test]
-    fn keeps_of_an_app_its_key_generation_and_status_only() {
-        let huge = "x".repeat(64 * 1024);
-        let mut obj: DynamicObject = serde_json::from_value(serde_json::json!({
-            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
-            "metadata": {"name": "web", "namespace": "nowhere", "uid": "u", "resourceVersion": "7",
-                "generation": 3, "labels": {"big": "x"}, "annotations": {"big": huge},
-                "finalizers": ["a/b"], "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
-                    "name": "c", "uid": "c"}]},
-            "spec": {"image": "a/b", "version": "2", "template": {"metadata": {"annotations": {"big": huge}}}},
-            "status": {"currentVersion": "1"}
-        }))
-        .expect("an App");
-        guard_view(&mut obj);
-        let kept = serde_json::to_string(&obj).expect("serializes");
-        assert!(kept.len() < 400, "{} bytes kept: {kept}", kept.len());
-        let m = &obj.metadata;
-        assert_eq!(
-            (m.name.as_deref(), m.namespace.as_deref(), m.uid.as_deref(), m.resource_version.as_deref(), m.generation),
-            (Some("web"), Some("nowhere"), Some("u"), Some("7"), Some(3))
-        );
-        let status = AppStatus::deserialize(&obj.data["status"]).expect("the status");
-        assert_eq!(status.current_version.as_deref(), Some("1"));
     }
 }

@@ -8,6 +8,7 @@ pub mod desired;
 pub mod error;
 pub mod first_deployment;
 pub mod guard;
+pub mod light;
 pub mod pod_policy;
 pub mod projection;
 pub mod quota;

@@ -1027,14 +1027,16 @@ pub(crate) async fn write_status(
     if status.stable_template.as_ref().is_some_and(projection::template_is_projected) {
         return Err(ReconcileError::Projected { what: "status", namespace: namespace.into(), name: name.into() });
     }
-    let api: Api<App> = Api::namespaced(client.clone(), namespace);
+    // The App sent back is read without its spec: a tenant may make it large, and shaped to
+    // take many times its length when parsed.
+    let api: Api<super::light::LightApp> = Api::namespaced(client.clone(), namespace);
     let mut patch = serde_json::json!({"apiVersion": App::api_version(&()), "kind": "App", "status": status});
     if let Some(version) = resource_version {
         patch["metadata"] = serde_json::json!({"resourceVersion": version});
     }
     api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
-        .map(|app| app.metadata.resource_version)
+        .map(|app| app.meta().resource_version.clone())
         .map_err(|source| ReconcileError::Status { namespace: namespace.to_string(), name: name.to_string(), source })
 }
 

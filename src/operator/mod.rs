@@ -297,7 +297,12 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     }
 
     let reporter = Reporter { controller: "flotilla".into(), instance: Some(settings.replica_id.clone()) };
+    // Asked where the Apps are watched: one namespace's, or all of them.
+    let app_scope = settings.namespace.clone().map_or(Scope::All, Scope::Namespace);
+    let streaming_lists =
+        crate::watch_cache::streaming_lists::supported(&app_scope.api::<crate::app::light::LightApp>(&client)).await;
     let shared = Shared {
+        streaming_lists,
         events: crate::telemetry::events::EventWriter::new(client.clone(), reporter.clone()),
         metrics: metrics.clone(),
         analyzer: Analyzer::new(settings.prometheus_url.clone(), settings.analysis_limits)?,
@@ -404,6 +409,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                     metrics.clone(),
                     ownership_rx,
                     fence.clone(),
+                    streaming_lists,
                     stopped(stop_rx.clone()),
                 )),
             ));

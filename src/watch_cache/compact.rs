@@ -10,7 +10,6 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::api::DynamicObject;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::borrow::Cow;
@@ -45,12 +44,12 @@ impl<K> fmt::Debug for Compact<K> {
     }
 }
 
-/// Read as any object (`of` a `DynamicObject`, nothing dropped, the kind not checked): only
-/// there because kube-runtime's `Controller` asks it of the objects it reconciles. The caches
-/// are filled by `watch_cache::compact_cache`, never through this.
+/// Read as any object, the kind not checked, straight into its cached form: each field copied
+/// as the text it is, whatever its shape, with what `slim` drops dropped (`streamed`). A
+/// cache of Apps is filled this way; its owner references stay in the text.
 impl<'de, K> Deserialize<'de> for Compact<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        DynamicObject::deserialize(deserializer).map(Compact::of)
+        super::streamed::read(deserializer)
     }
 }
 
@@ -97,6 +96,11 @@ impl<K> Compact<K> {
         // An object read from the apiserver always serializes. Were one not to, its text would
         // be empty, which `parse` refuses: a reader fails rather than act on half an object.
         let rest = serde_json::to_string(&obj).unwrap_or_default().into_boxed_str();
+        Self { metadata, rest, oversized: None, kind: PhantomData }
+    }
+
+    /// An entry of `metadata` (the fields `of` keeps there) and the JSON of the rest.
+    pub(super) fn from_parts(metadata: ObjectMeta, rest: Box<str>) -> Self {
         Self { metadata, rest, oversized: None, kind: PhantomData }
     }
 
@@ -155,7 +159,10 @@ impl<K> Compact<K> {
         m.namespace.clone_from(&self.metadata.namespace);
         m.uid.clone_from(&self.metadata.uid);
         m.resource_version.clone_from(&self.metadata.resource_version);
-        m.owner_references.clone_from(&self.metadata.owner_references);
+        // Read through `Deserialize`, an object's owners stay in its text.
+        if self.metadata.owner_references.is_some() {
+            m.owner_references.clone_from(&self.metadata.owner_references);
+        }
         Ok(obj)
     }
 
@@ -175,6 +182,7 @@ fn json_len<T: Serialize>(value: &T) -> usize {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Service;
+    use kube::api::DynamicObject;
 
     fn service() -> Service {
         serde_json::from_value(serde_json::json!({

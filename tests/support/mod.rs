@@ -41,6 +41,16 @@ pub fn use_private_cluster(name: &str) {
     let _ = PRIVATE_CLUSTER.set(name.to_string());
 }
 
+static PRIVATE_CLUSTER_ARGS: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Like `use_private_cluster`, the cluster made with `args` passed on to kwokctl (for example
+/// `--extra-args kube-apiserver=feature-gates=...`). Its name must be its own: a cluster of
+/// that name already running is used as it is.
+pub fn use_private_cluster_with(name: &str, args: &[&str]) {
+    use_private_cluster(name);
+    let _ = PRIVATE_CLUSTER_ARGS.set(args.iter().map(|a| a.to_string()).collect());
+}
+
 /// The cluster this test binary uses.
 pub fn cluster_name() -> &'static str {
     PRIVATE_CLUSTER.get().map(String::as_str).unwrap_or(TEST_CLUSTER)
@@ -61,6 +71,7 @@ pub fn kubeconfig() -> &'static Path {
         let status = std::process::Command::new("bash")
             .arg(&script)
             .args(["up", name])
+            .args(PRIVATE_CLUSTER_ARGS.get().into_iter().flatten())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
             .status();
@@ -237,6 +248,8 @@ pub async fn onboard(client: &Client, name: &str, namespaces: &[String]) {
 pub struct Operator {
     pub child: Child,
     pub admin: String,
+    /// Where its output goes.
+    pub log: PathBuf,
 }
 
 impl Operator {
@@ -296,7 +309,7 @@ impl Operator {
             .spawn()
             .expect("starting the operator binary");
         let admin = format!("127.0.0.1:{port}");
-        let op = Self { child, admin: admin.clone() };
+        let op = Self { child, admin: admin.clone(), log: log.clone() };
         wait_for(Duration::from_secs(60), &format!("operator ready (log: {})", log.display()), || {
             let admin = admin.clone();
             async move { http_get(&admin, "/readyz").await.filter(|(code, _)| *code == 200).map(|_| ()) }

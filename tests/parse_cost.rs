@@ -1,0 +1,158 @@
+//! What a replica's memory pays to read a page of Apps shaped by whoever wrote them (no
+//! cluster: the page is the text the apiserver would send).
+//!
+//! An App may be as large as the apiserver stores (about 1.5 MiB), and its writer chooses its
+//! shape. Made of many small parts (list entries, labels, annotations, owner references), it
+//! takes some 50 times its length as a tree of JSON values, and a list page holds many. The
+//! guard reads every App of the cluster on every replica, and a namespace's App cache reads
+//! each of its Apps; both must pay about an App's length to read it, whatever its shape.
+//!
+//! The bytes are counted by this binary's allocator: the most held at once while a page is
+//! read (`peak`), and what the read page holds (`kept`), both beyond what was held before.
+
+use flotilla::api::App;
+use flotilla::app::light::LightApp;
+use flotilla::watch_cache::Compact;
+use kube::Resource;
+use kube::api::DynamicObject;
+use kube::core::ObjectList;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(by: usize) {
+    let now = LIVE.fetch_add(by, Relaxed) + by;
+    PEAK.fetch_max(now, Relaxed);
+}
+
+// SAFETY: every call is passed to the system allocator unchanged; only sizes are counted.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as above.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Relaxed);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as above.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_sub(layout.size(), Relaxed);
+            grew(new_size);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Bytes (most held at once, held after) that reading `text` as `T` took.
+fn cost<T>(text: &str, read: impl FnOnce(&str) -> T) -> (usize, usize, T) {
+    let before = LIVE.load(Relaxed);
+    PEAK.store(before, Relaxed);
+    let value = read(text);
+    let kept = LIVE.load(Relaxed).saturating_sub(before);
+    let peak = PEAK.load(Relaxed).saturating_sub(before);
+    (peak, kept, value)
+}
+
+/// A page of `apps` Apps of about `bytes` each, of one hostile shape: `part(i)` is the i-th of
+/// many small parts, placed by `wrap` (which gets them joined by commas).
+fn page(apps: usize, bytes: usize, part: impl Fn(usize) -> String, wrap: impl Fn(&str) -> String) -> String {
+    let mut parts = String::new();
+    let mut i = 0;
+    while parts.len() < bytes {
+        if i > 0 {
+            parts.push(',');
+        }
+        parts.push_str(&part(i));
+        i += 1;
+    }
+    let app = wrap(&parts);
+    let items: Vec<String> =
+        (0..apps).map(|n| app.replace("\"name\":\"big\"", &format!("\"name\":\"big-{n}\""))).collect();
+    format!(
+        r#"{{"apiVersion":"flotilla.dev/v1beta1","kind":"AppList","metadata":{{"resourceVersion":"9"}},"items":[{}]}}"#,
+        items.join(",")
+    )
+}
+
+fn app(metadata_extra: &str, env: &str) -> String {
+    format!(
+        r#"{{"apiVersion":"flotilla.dev/v1beta1","kind":"App","metadata":{{"name":"big","namespace":"shop","uid":"u","resourceVersion":"7","generation":1{metadata_extra}}},"spec":{{"image":"registry.example.com/web","version":"1","template":{{"spec":{{"containers":[{{"name":"app","env":[{env}]}}]}}}}}},"status":{{"currentVersion":"1","phase":"Healthy"}}}}"#
+    )
+}
+
+const APP_BYTES: usize = 1400 * 1024;
+const APPS: usize = 4;
+
+#[test]
+fn a_page_of_apps_costs_about_its_length_whatever_their_shape() {
+    let shapes: [(&str, String); 4] = [
+        ("env entries", page(APPS, APP_BYTES, |_| r#"{"name":"a"}"#.into(), |env| app("", env))),
+        ("labels", page(APPS, APP_BYTES, |i| format!(r#""l{i}":"""#), |l| app(&format!(r#","labels":{{{l}}}"#), ""))),
+        (
+            "annotations",
+            page(APPS, APP_BYTES, |i| format!(r#""a{i}":"""#), |a| app(&format!(r#","annotations":{{{a}}}"#), "")),
+        ),
+        (
+            "owner references",
+            page(
+                APPS,
+                APP_BYTES,
+                |i| format!(r#"{{"apiVersion":"v1","kind":"A","name":"a","uid":"{i}"}}"#),
+                |o| app(&format!(r#","ownerReferences":[{o}]"#), ""),
+            ),
+        ),
+    ];
+    for (shape, text) in &shapes {
+        let len = text.len();
+        // The shape is the attack: one App of it as a tree of values takes many times its length.
+        let (tree_peak, _, tree) =
+            cost(text, |t| serde_json::from_str::<ObjectList<DynamicObject>>(t).expect("a page of dynamic objects"));
+        drop(tree);
+        assert!(tree_peak > 2 * len, "{shape}: not hostile: a tree of it takes {tree_peak} bytes for {len}");
+
+        let (peak, kept, cached) =
+            cost(text, |t| serde_json::from_str::<ObjectList<Compact<App>>>(t).expect("a page of cached Apps"));
+        assert_eq!(cached.items.len(), APPS);
+        assert!(cached.items.iter().all(|a| a.meta().name.as_deref().is_some_and(|n| n.starts_with("big-"))));
+        drop(cached);
+        let (guard_peak, guard_kept, guarded) =
+            cost(text, |t| serde_json::from_str::<ObjectList<LightApp>>(t).expect("a page of guarded Apps"));
+        assert_eq!(guarded.items.len(), APPS);
+        drop(guarded);
+        println!(
+            "{shape}: a page of {APPS} Apps, {len} bytes: as a tree {tree_peak} at most ({:.1}x); \
+             cached {peak} at most ({:.2}x), {kept} kept; guarded {guard_peak} at most, {guard_kept} kept",
+            tree_peak as f64 / len as f64,
+            peak as f64 / len as f64,
+        );
+        // Measured: 1.5x at most (a text buffer grows by doubling), 1.0x kept.
+        assert!(peak < 2 * len, "{shape}: the App cache took {peak} bytes at once to read {len}");
+        assert!(kept < len + len / 10, "{shape}: the App cache keeps {kept} bytes of a {len}-byte page");
+        // Measured: a few KiB (keys, status).
+        assert!(guard_peak < len / 100, "{shape}: the guard took {guard_peak} bytes at once to read {len}");
+        assert!(guard_kept < len / 100, "{shape}: the guard keeps {guard_kept} bytes of a {len}-byte page");
+    }
+}
