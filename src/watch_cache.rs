@@ -15,6 +15,41 @@ use tokio::sync::watch;
 
 pub use compact::Compact;
 
+/// Implements `kube::Resource` for `$view`, a partial view of objects of `$kind` (a
+/// `k8s_openapi` or `CustomResource` type): the same kind, group, version and plural, scope
+/// namespaced, its metadata in its field `metadata`.
+macro_rules! resource_as {
+    ($view:ty, $kind:ty) => {
+        impl kube::Resource for $view {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
+
+            fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+                <$kind as kube::Resource>::kind(dt)
+            }
+            fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+                <$kind as kube::Resource>::group(dt)
+            }
+            fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+                <$kind as kube::Resource>::version(dt)
+            }
+            fn api_version(dt: &()) -> std::borrow::Cow<'_, str> {
+                <$kind as kube::Resource>::api_version(dt)
+            }
+            fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+                <$kind as kube::Resource>::plural(dt)
+            }
+            fn meta(&self) -> &kube::api::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut kube::api::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+pub(crate) use resource_as;
+
 /// Drops what the operator never reads from cached objects: managed fields and the
 /// last-applied annotation are most of a Deployment's size.
 pub fn slim<K: Resource>(obj: &mut K) {
@@ -83,6 +118,21 @@ where
     (reader, synced_rx, make)
 }
 
+/// Like `cache_unmade`, the stream of watcher events made by `events` (once started).
+pub fn cache_unmade_of<K, S>(
+    events: impl FnOnce() -> S + Send + 'static,
+) -> (Store<K>, watch::Receiver<bool>, impl FnOnce() -> WatchStream<K> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    S: Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+{
+    let writer = reflector::store::Writer::new(());
+    let reader = writer.as_reader();
+    let (synced_tx, synced_rx) = synced_flag();
+    let make = move || fill(events().default_backoff(), writer, synced_tx).boxed();
+    (reader, synced_rx, make)
+}
+
 /// The stream that fills a cache from `events`: each event goes into `writer`'s store, and
 /// `synced` turns true once the store holds the first full list.
 fn fill<K>(
@@ -117,11 +167,23 @@ where
     W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     K: Resource<DynamicType = ()> + 'static,
 {
+    compact_cache_of(watcher(api, config), compact)
+}
+
+/// Like `compact_cache`, filled from `events` (a watcher's stream).
+pub fn compact_cache_of<W, K>(
+    events: impl Stream<Item = watcher::Result<watcher::Event<W>>> + Send + 'static,
+    compact: fn(W) -> Compact<K>,
+) -> (CompactStore<K>, watch::Receiver<bool>, impl Stream<Item = watcher::Result<Compact<K>>> + Send + 'static)
+where
+    W: Send + 'static,
+    K: Resource<DynamicType = ()> + 'static,
+{
     let writer = reflector::store::Writer::new(());
     let reader = writer.as_reader();
     let (synced_tx, synced_rx) = synced_flag();
     let compact = move |obj| compact(obj).at_most(MAX_CACHED_BYTES);
-    let events = watcher(api, config).default_backoff().map_ok(move |event| match event {
+    let events = events.default_backoff().map_ok(move |event| match event {
         watcher::Event::Apply(obj) => watcher::Event::Apply(compact(obj)),
         watcher::Event::Delete(obj) => watcher::Event::Delete(compact(obj)),
         watcher::Event::InitApply(obj) => watcher::Event::InitApply(compact(obj)),

@@ -221,6 +221,26 @@ async fn apps_as_large_as_the_apiserver_stores_cost_a_replica_almost_nothing() {
             .await;
     let pid = operator.child.id().expect("the second replica's pid");
     wait_marked(&client, &outside, "shaped-", SHAPED_APPS).await;
+    // And the served namespace's App cache filled (its 24 Apps of 1.2 MiB read).
+    wait_for(Duration::from_secs(60), "the second replica's App cache of the served namespace synced", || async {
+        let log = std::fs::read_to_string(&operator.log).ok()?;
+        log.contains("App controller caches synced").then_some(())
+    })
+    .await;
+    let log = std::fs::read_to_string(&operator.log).expect("the second replica's log");
+    assert!(
+        log.contains("Apps are read one at a time"),
+        "the local control plane streams initial states, and the replica found so (log: {})",
+        operator.log.display()
+    );
+    // Asked for as of now, not from resourceVersion=0 (`streaming_lists::as_of_now`).
+    let audit = support::audit_text();
+    let streamed: Vec<&str> =
+        audit.lines().filter(|l| l.contains("sendInitialEvents=true") && l.contains("/apps?")).collect();
+    assert!(!streamed.is_empty(), "no streamed watch of Apps in the audit log");
+    let from_zero: Vec<&&str> =
+        streamed.iter().filter(|l| l.contains("resourceVersion=0&") || l.contains("resourceVersion=0\"")).collect();
+    assert!(from_zero.is_empty(), "streamed watches asked from resourceVersion=0: {from_zero:?}");
     let peak = proc_kib(pid, "VmHWM");
     let shaped_kib = (SHAPED_APPS * shaped_bytes / 1024) as u64;
     println!(

@@ -5,17 +5,21 @@
 //! shape. Made of many small parts (list entries, labels, annotations, owner references), it
 //! takes some 50 times its length as a tree of JSON values, and a list page holds many. The
 //! guard reads every App of the cluster on every replica, and a namespace's App cache reads
-//! each of its Apps; both must pay about an App's length to read it, whatever its shape.
+//! each of its Apps; both must pay about an App's length to read it, whatever its shape. The
+//! same of the ConfigMaps of a namespace where an App reads one: a few bytes each.
 //!
 //! The bytes are counted by this binary's allocator: the most held at once while a page is
 //! read (`peak`), and what the read page holds (`kept`), both beyond what was held before.
 
 use flotilla::api::App;
-use flotilla::app::light::LightApp;
+use flotilla::app::config_map_key::ConfigMapKey;
+use flotilla::app::light::GuardedApp;
 use flotilla::watch_cache::Compact;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::DynamicObject;
 use kube::core::ObjectList;
+use kube::core::PartialObjectMeta;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -79,16 +83,7 @@ fn cost<T>(text: &str, read: impl FnOnce(&str) -> T) -> (usize, usize, T) {
 /// A page of `apps` Apps of about `bytes` each, of one hostile shape: `part(i)` is the i-th of
 /// many small parts, placed by `wrap` (which gets them joined by commas).
 fn page(apps: usize, bytes: usize, part: impl Fn(usize) -> String, wrap: impl Fn(&str) -> String) -> String {
-    let mut parts = String::new();
-    let mut i = 0;
-    while parts.len() < bytes {
-        if i > 0 {
-            parts.push(',');
-        }
-        parts.push_str(&part(i));
-        i += 1;
-    }
-    let app = wrap(&parts);
+    let app = wrap(&parts(bytes, part));
     let items: Vec<String> =
         (0..apps).map(|n| app.replace("\"name\":\"big\"", &format!("\"name\":\"big-{n}\""))).collect();
     format!(
@@ -97,9 +92,17 @@ fn page(apps: usize, bytes: usize, part: impl Fn(usize) -> String, wrap: impl Fn
     )
 }
 
+/// An App with `metadata_extra` in its metadata and `env` as its main container's
+/// environment, and managed fields as the apiserver writes them (one entry per field set):
+/// read as a tree of values, they are one more tree.
 fn app(metadata_extra: &str, env: &str) -> String {
+    let fields: Vec<String> = (0..200).map(|i| format!(r#""f:e{i}":{{}}"#)).collect();
+    let managed = format!(
+        r#","managedFields":[{{"manager":"kubectl","operation":"Apply","apiVersion":"flotilla.dev/v1beta1","fieldsType":"FieldsV1","fieldsV1":{{"f:spec":{{{}}}}}}}]"#,
+        fields.join(",")
+    );
     format!(
-        r#"{{"apiVersion":"flotilla.dev/v1beta1","kind":"App","metadata":{{"name":"big","namespace":"shop","uid":"u","resourceVersion":"7","generation":1{metadata_extra}}},"spec":{{"image":"registry.example.com/web","version":"1","template":{{"spec":{{"containers":[{{"name":"app","env":[{env}]}}]}}}}}},"status":{{"currentVersion":"1","phase":"Healthy"}}}}"#
+        r#"{{"apiVersion":"flotilla.dev/v1beta1","kind":"App","metadata":{{"name":"big","namespace":"shop","uid":"u","resourceVersion":"7","generation":1{metadata_extra}{managed}}},"spec":{{"image":"registry.example.com/web","version":"1","template":{{"spec":{{"containers":[{{"name":"app","env":[{env}]}}]}}}}}},"status":{{"currentVersion":"1","phase":"Healthy"}}}}"#
     )
 }
 
@@ -107,7 +110,7 @@ const APP_BYTES: usize = 1400 * 1024;
 const APPS: usize = 4;
 
 #[test]
-fn a_page_of_apps_costs_about_its_length_whatever_their_shape() {
+fn a_page_of_tenant_objects_costs_about_its_length_whatever_their_shape() {
     let shapes: [(&str, String); 4] = [
         ("env entries", page(APPS, APP_BYTES, |_| r#"{"name":"a"}"#.into(), |env| app("", env))),
         ("labels", page(APPS, APP_BYTES, |i| format!(r#""l{i}":"""#), |l| app(&format!(r#","labels":{{{l}}}"#), ""))),
@@ -139,7 +142,7 @@ fn a_page_of_apps_costs_about_its_length_whatever_their_shape() {
         assert!(cached.items.iter().all(|a| a.meta().name.as_deref().is_some_and(|n| n.starts_with("big-"))));
         drop(cached);
         let (guard_peak, guard_kept, guarded) =
-            cost(text, |t| serde_json::from_str::<ObjectList<LightApp>>(t).expect("a page of guarded Apps"));
+            cost(text, |t| serde_json::from_str::<ObjectList<GuardedApp>>(t).expect("a page of guarded Apps"));
         assert_eq!(guarded.items.len(), APPS);
         drop(guarded);
         println!(
@@ -155,4 +158,67 @@ fn a_page_of_apps_costs_about_its_length_whatever_their_shape() {
         assert!(guard_peak < len / 100, "{shape}: the guard took {guard_peak} bytes at once to read {len}");
         assert!(guard_kept < len / 100, "{shape}: the guard keeps {guard_kept} bytes of a {len}-byte page");
     }
+
+    // ConfigMaps, which a tenant may create as freely: many labels, or many tiny data keys
+    // (each also in the managed fields, as the apiserver records them).
+    let config_map = |labels: &str, data: &str, managed: &str| {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"big","namespace":"shop","uid":"u","resourceVersion":"7","labels":{{{labels}}},"managedFields":[{{"manager":"kubectl","operation":"Apply","apiVersion":"v1","fieldsType":"FieldsV1","fieldsV1":{{"f:data":{{{managed}}}}}}}]}},"data":{{{data}}}}}"#
+        )
+    };
+    let config_pages: [(&str, String); 2] = [
+        ("labels", list_of(APPS, &config_map(&parts(APP_BYTES, |i| format!(r#""l{i}":"""#)), "", ""))),
+        (
+            "data keys",
+            list_of(
+                APPS,
+                &config_map(
+                    "",
+                    &parts(APP_BYTES / 2, |i| format!(r#""k{i:07}":"""#)),
+                    &parts(APP_BYTES / 2, |i| format!(r#""f:k{i:07}":{{}}"#)),
+                ),
+            ),
+        ),
+    ];
+    for (shape, text) in &config_pages {
+        let len = text.len();
+        let (typed_peak, _, typed) = cost(text, |t| {
+            serde_json::from_str::<ObjectList<PartialObjectMeta<ConfigMap>>>(t).expect("a page of ConfigMap metadata")
+        });
+        drop(typed);
+        let (peak, kept, read) =
+            cost(text, |t| serde_json::from_str::<ObjectList<ConfigMapKey>>(t).expect("a page of ConfigMap keys"));
+        assert_eq!(read.items.len(), APPS);
+        drop(read);
+        println!(
+            "ConfigMaps of {shape}: a page of {APPS}, {len} bytes: as typed metadata {typed_peak} at most ({:.1}x); \
+             as keys {peak} at most, {kept} kept",
+            typed_peak as f64 / len as f64
+        );
+        assert!(typed_peak > len, "{shape}: not hostile: typed metadata of it takes {typed_peak} bytes for {len}");
+        // Measured: a few KiB.
+        assert!(peak < len / 100, "{shape}: the ConfigMap cache took {peak} bytes at once to read {len}");
+        assert!(kept < len / 100, "{shape}: the ConfigMap cache keeps {kept} bytes of a {len}-byte page");
+    }
+}
+
+/// Small parts joined by commas, `bytes` long or a little more.
+fn parts(bytes: usize, part: impl Fn(usize) -> String) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while out.len() < bytes {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&part(i));
+        i += 1;
+    }
+    out
+}
+
+/// A list of `n` copies of the object `item` (named big-0, big-1, ...).
+fn list_of(n: usize, item: &str) -> String {
+    let items: Vec<String> =
+        (0..n).map(|i| item.replacen("\"name\":\"big\"", &format!("\"name\":\"big-{i}\""), 1)).collect();
+    format!(r#"{{"apiVersion":"v1","kind":"List","metadata":{{"resourceVersion":"9"}},"items":[{}]}}"#, items.join(","))
 }

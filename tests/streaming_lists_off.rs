@@ -25,12 +25,29 @@ async fn create_app(client: &kube::Client, namespace: &str, name: &str) {
         .unwrap_or_else(|e| panic!("creating App {namespace}/{name}: {e}"));
 }
 
+/// Removes the control plane however the test ends: a cluster of this name left running would
+/// be used as it is by the next run.
+struct Down;
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        // Never a panic here (one during a failing test's unwinding would abort it).
+        let _ = std::process::Command::new("bash")
+            .arg(support::repo_root().join("hack/cluster.sh"))
+            .args(["down", support::cluster_name()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apps_are_listed_in_pages_where_the_apiserver_does_not_stream() {
     support::use_private_cluster_with(
         "flotilla-test-no-watchlist",
         &["--extra-args", "kube-apiserver=feature-gates=WatchList=false"],
     );
+    let _down = Down;
     let client = admin_client().await;
     install_crds(&client).await;
     let ns = "paged";
@@ -55,5 +72,4 @@ async fn apps_are_listed_in_pages_where_the_apiserver_does_not_stream() {
         operator.log.display()
     );
     drop(operator);
-    support::cluster_script(&["down"]);
 }

@@ -4,8 +4,8 @@
 //! A pod reads a ConfigMap when it starts (env, envFrom) or through a volume. Editing the
 //! ConfigMap changes nothing in the Deployment, so without help the new config reaches pods
 //! only as they happen to restart, with no canary and no analysis. Flotilla stamps the state
-//! of every ConfigMap the template references (a fingerprint of its data, read once per
-//! resourceVersion that a metadata-only watch shows) into the pod template's annotations
+//! of every ConfigMap the template references (a fingerprint of its data, computed as the
+//! ConfigMap is read from the watch: `config_map_key`) into the pod template's annotations
 //! before planning: a change of a referenced
 //! ConfigMap is a change of the template, hence a new revision, and goes through the App's
 //! strategy like any other. The stable Deployment keeps the stamp of the config it was
@@ -74,21 +74,6 @@ fn spec_refs(spec: &PodSpec) -> BTreeSet<String> {
     }
     out.retain(|n| !n.is_empty());
     out
-}
-
-/// What the ConfigMap cache keeps of one ConfigMap's metadata: its name, namespace, uid,
-/// resourceVersion and the opt-out annotation. Nothing a tenant can make large.
-pub fn slim_config_map(cm: &mut kube::core::PartialObjectMeta<ConfigMap>) {
-    let meta = &cm.metadata;
-    let tracking = meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION_TRACKING)).cloned();
-    cm.metadata = kube::core::ObjectMeta {
-        name: meta.name.clone(),
-        namespace: meta.namespace.clone(),
-        uid: meta.uid.clone(),
-        resource_version: meta.resource_version.clone(),
-        annotations: tracking.map(|v| [(ANNOTATION_TRACKING.to_string(), v)].into()),
-        ..Default::default()
-    };
 }
 
 /// A fingerprint of what a pod reads from a ConfigMap: its `data` and `binaryData` (maps,
@@ -197,23 +182,6 @@ mod tests {
         let untracked = |_: &str| ConfigState::Untracked;
         assert_ne!(annotation(&absent), annotation(&before));
         assert_eq!(annotation(&stamped(t.clone(), untracked)), annotation(&stamped(t, untracked)));
-    }
-
-    #[test]
-    fn the_cache_keeps_nothing_a_tenant_can_make_large() {
-        let mut cm: kube::core::PartialObjectMeta<ConfigMap> = serde_json::from_value(json!({
-            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-            "metadata": {"name": "c", "namespace": "n", "resourceVersion": "7", "uid": "u",
-                         "labels": {"a": "b"}, "annotations": {"big": "x".repeat(4096), ANNOTATION_TRACKING: "false"},
-                         "managedFields": [{"manager": "kubectl"}], "finalizers": ["f"]}
-        }))
-        .expect("metadata");
-        slim_config_map(&mut cm);
-        let kept = serde_json::to_value(&cm.metadata).expect("json");
-        assert_eq!(
-            kept,
-            json!({"name": "c", "namespace": "n", "resourceVersion": "7", "uid": "u", "annotations": {ANNOTATION_TRACKING: "false"}})
-        );
     }
 
     #[test]

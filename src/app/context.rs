@@ -2,8 +2,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::core::PartialObjectMeta;
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
@@ -26,7 +25,7 @@ pub struct Caches {
     pub deployments: Store<Compact<Deployment>>,
     pub hpas: Store<HorizontalPodAutoscaler>,
     pub services: Store<Compact<Service>>,
-    pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    pub config_maps: Store<crate::app::config_map_key::ConfigMapKey>,
     pub synced: Vec<watch::Receiver<bool>>,
     pub hpa_watch: OnDemand,
     pub config_map_watch: OnDemand,
@@ -54,9 +53,9 @@ pub struct Context {
     pub hpas: Store<HorizontalPodAutoscaler>,
     /// Services labelled as managed by Flotilla, kept as text (read with `service`).
     services: Store<Compact<Service>>,
-    /// The metadata of every ConfigMap in the served namespaces (see `app::config`), watched
-    /// once an App of the namespace reads one.
-    pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    /// Every ConfigMap in the served namespaces, as its key and the fingerprint of its data
+    /// (`config_map_key`), watched once an App of the namespace reads one.
+    pub config_maps: Store<crate::app::config_map_key::ConfigMapKey>,
     hpa_watch: OnDemand,
     config_map_watch: OnDemand,
     /// Takes the measurements that gate rollouts.
@@ -77,9 +76,6 @@ pub struct Context {
     written: Mutex<HashMap<(String, String), Written>>,
     /// Services this replica applied, until the Service cache shows them.
     applied_services: Mutex<HashMap<(String, String), Applied>>,
-    /// Per ConfigMap an App reads: the resourceVersion whose data was last read, and that
-    /// data's fingerprint (see `config_states`).
-    config_fingerprints: Mutex<HashMap<(String, String), (String, String)>>,
 }
 
 /// The resourceVersion this replica's apply returned, and when.
@@ -123,7 +119,6 @@ impl Context {
             pod_policy: Arc::default(),
             failures: Mutex::default(),
             written: Mutex::default(),
-            config_fingerprints: Mutex::default(),
             applied_services: Mutex::default(),
         }
     }
@@ -167,47 +162,23 @@ impl Context {
     }
 
     /// What the config stamp needs to know of the ConfigMaps `names` in `namespace`: absent,
-    /// untracked, or present with a fingerprint of its data. The metadata cache says which
-    /// exist and at what resourceVersion; the data of a resourceVersion not seen before is
-    /// read once and only its fingerprint kept, so a change of labels or annotations, or a
-    /// rewrite by the apiserver (storage migration), is not a new config.
+    /// untracked, or present with a fingerprint of its data, as the cache holds them (the
+    /// fingerprint is of the data only, so a change of labels or annotations, or a rewrite by
+    /// the apiserver (storage migration), is not a new config). Never fails: kept async and
+    /// fallible for its callers, as it read the data of a changed ConfigMap before.
     pub async fn config_states(
         &self,
         namespace: &str,
         names: &std::collections::BTreeSet<String>,
     ) -> Result<HashMap<String, crate::app::config::ConfigState>, kube::Error> {
-        use crate::app::config::{ANNOTATION_TRACKING, ConfigState, data_fingerprint};
+        use crate::app::config::ConfigState;
         let mut out = HashMap::new();
         for name in names {
             let cached = self.config_maps.get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace));
             let state = match cached {
                 None => ConfigState::Absent,
-                Some(cm) if cm.annotations().get(ANNOTATION_TRACKING).map(String::as_str) == Some("false") => {
-                    ConfigState::Untracked
-                }
-                Some(cm) => {
-                    let version = cm.resource_version().unwrap_or_default();
-                    let key = (namespace.to_string(), name.clone());
-                    let known = self.config_fingerprints.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
-                    match known {
-                        Some((v, fp)) if v == version => ConfigState::Present(fp),
-                        _ => {
-                            let api: kube::Api<ConfigMap> = kube::Api::namespaced(self.client.clone(), namespace);
-                            match api.get_opt(name).await? {
-                                None => ConfigState::Absent,
-                                Some(full) => {
-                                    let fp = data_fingerprint(&full);
-                                    let read = full.resource_version().unwrap_or_default();
-                                    self.config_fingerprints
-                                        .lock()
-                                        .unwrap_or_else(|p| p.into_inner())
-                                        .insert(key, (read, fp.clone()));
-                                    ConfigState::Present(fp)
-                                }
-                            }
-                        }
-                    }
-                }
+                Some(cm) if cm.untracked() => ConfigState::Untracked,
+                Some(cm) => ConfigState::Present(cm.data_fingerprint().to_string()),
             };
             out.insert(name.clone(), state);
         }

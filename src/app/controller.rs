@@ -4,9 +4,8 @@
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Client, Resource};
@@ -20,11 +19,12 @@ use super::context::{Caches, Context};
 use super::reconcile::{error_policy, reconcile};
 use crate::api::App;
 use crate::api::names;
+use crate::app::config_map_key::ConfigMapKey;
 use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::telemetry::events::EventWriter;
-use crate::watch_cache::{Compact, cache_unmade, compact_cache, on_demand, slim};
+use crate::watch_cache::{Compact, cache_unmade, cache_unmade_of, compact_cache, compact_cache_of, on_demand, slim};
 
 /// Who serves a namespace, when sharded: the write fence of this replica's shards and the
 /// tenant the namespace belongs to.
@@ -89,13 +89,13 @@ pub type Streams = ManagedStreams<
     std::pin::Pin<Box<dyn Stream<Item = Result<Compact<Deployment>, watcher::Error>> + Send>>,
     std::pin::Pin<Box<dyn Stream<Item = Result<HorizontalPodAutoscaler, watcher::Error>> + Send>>,
     std::pin::Pin<Box<dyn Stream<Item = Result<Compact<Service>, watcher::Error>> + Send>>,
-    std::pin::Pin<Box<dyn Stream<Item = Result<PartialObjectMeta<ConfigMap>, watcher::Error>> + Send>>,
+    std::pin::Pin<Box<dyn Stream<Item = Result<ConfigMapKey, watcher::Error>> + Send>>,
 >;
 
 /// The controller's context and the watch streams that fill its caches. The streams must
 /// be polled (the controller does; a test can drain them) for the caches to fill.
 pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
-    let Shared { events, metrics, analyzer, slots, pod_policy, streaming_lists: _ } = shared;
+    let Shared { events, metrics, analyzer, slots, pod_policy, streaming_lists } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector()).page_size(LIST_PAGE);
     // Deployments as projections: what the planner and the drift check read (`projection`).
     // Both kept as text (`Compact`): a reconcile reads back the few it needs.
@@ -113,20 +113,15 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let (hpa_watch, hpa_events) = on_demand(make_hpa_events, hpas_synced, Some(probe));
     let (services, services_synced, service_events) =
         compact_cache(scope.api::<Service>(&client), managed(), crate::app::service_projection::compact_service);
-    // Every ConfigMap of the namespace, metadata only (kube asks the apiserver for
-    // PartialObjectMetadata; the data of those an App names is read on change, see
-    // `Context::config_states`): which ones an App reads is in its template, and a label
-    // selector would make tenants label them for us. Watched once an App of the namespace
-    // reads one.
-    // Only a name, a resourceVersion and the opt-out annotation are kept: a tenant's
-    // ConfigMap may carry 256 KiB of annotations, and there may be thousands. Lists come
-    // in pages of 100, so that one page of such metadata stays small too.
-    let (config_maps, config_maps_synced, make_config_map_events) = cache_unmade::<PartialObjectMeta<ConfigMap>>(
-        scope.api(&client),
-        watcher::Config::default().page_size(100),
-        (),
-        crate::app::config::slim_config_map,
-    );
+    // Every ConfigMap of the namespace (which ones an App reads is in its template, and a
+    // label selector would make tenants label them for us), watched once an App of the
+    // namespace reads one. Read as `ConfigMapKey`: its key, the opt-out annotation and the
+    // fingerprint of its data, computed as it is read, whatever its size or shape; the rest
+    // is skipped unread. Streamed where the apiserver can, as Apps are, else in pages of 20.
+    let (config_maps, config_maps_synced, make_config_map_events) = {
+        let api = scope.api::<ConfigMapKey>(&client);
+        cache_unmade_of(move || crate::watch_cache::streaming_lists::watch(api, tenant_sized(), streaming_lists))
+    };
     let (config_map_watch, config_map_events) = on_demand(make_config_map_events, config_maps_synced, None);
     let caches = Caches {
         deployments,
@@ -187,16 +182,36 @@ pub const LIST_PAGE: u32 = 50;
 /// text. Operator-made objects are bounded by the App they are made from (`LIST_PAGE`).
 pub const APP_LIST_PAGE: u32 = 20;
 
-/// How a watch of Apps reads its initial state: streamed, one App at a time, where the
-/// apiserver can (`watch_cache::streaming_lists`), else in pages of `APP_LIST_PAGE`.
-pub fn app_lists(streamed: bool) -> watcher::Config {
-    let config = watcher::Config::default().page_size(APP_LIST_PAGE);
-    if streamed { config.streaming_lists() } else { config }
+/// How a watch of objects whose writers choose their size (Apps, ConfigMaps) reads: pages of
+/// `APP_LIST_PAGE` when not streamed, and a watch that ends after 290 s (then resumed from
+/// where it was): a watch's read buffer keeps the size of the largest event it read, which,
+/// with its initial state streamed, is the largest object of its namespace.
+fn tenant_sized() -> watcher::Config {
+    watcher::Config::default().page_size(APP_LIST_PAGE).timeout(290)
+}
+
+/// A watch of Apps as `K`: its initial state streamed, one App at a time, where the apiserver
+/// can (`streamed`, see `watch_cache::streaming_lists`), else listed in pages of
+/// `APP_LIST_PAGE`.
+pub fn watch_apps<K>(
+    client: &Client,
+    scope: &Scope,
+    streamed: bool,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + Debug
+        + Send
+        + 'static,
+{
+    crate::watch_cache::streaming_lists::watch(scope.api::<K>(client), tenant_sized(), streamed)
 }
 
 /// The Apps of `config_map`'s namespace whose templates read it: those a change of it rolls.
-fn apps_reading(apps: &Store<Compact<App>>, config_map: &PartialObjectMeta<ConfigMap>) -> Vec<ObjectRef<Compact<App>>> {
-    let (Some(namespace), Some(name)) = (config_map.metadata.namespace.as_deref(), config_map.metadata.name.as_deref())
+fn apps_reading(apps: &Store<Compact<App>>, config_map: &ConfigMapKey) -> Vec<ObjectRef<Compact<App>>> {
+    let (Some(namespace), Some(name)) = (config_map.meta().namespace.as_deref(), config_map.meta().name.as_deref())
     else {
         return Vec::new();
     };
@@ -233,7 +248,7 @@ pub fn app_controller(
     // watch (and the cache) for all the others, each is parsed in its own reconcile; and an
     // App shaped to parse into many times its size costs no more than its length.
     let (apps, apps_synced, app_events) =
-        compact_cache(scope.api::<Compact<App>>(&client), app_lists(shared.streaming_lists), std::convert::identity);
+        compact_cache_of(watch_apps::<Compact<App>>(&client, &scope, shared.streaming_lists), std::convert::identity);
     let namespace = match &scope {
         Scope::All => String::new(),
         Scope::Namespace(ns) => ns.clone(),
@@ -335,13 +350,9 @@ mod tests {
             writer.apply_watcher_event(&watcher::Event::Apply(app));
         }
         let store = writer.as_reader();
-        let config_map = |name: &str| PartialObjectMeta::<ConfigMap> {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("shop".into()),
-                ..Default::default()
-            },
-            ..Default::default()
+        let config_map = |name: &str| -> ConfigMapKey {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name, "namespace": "shop"}}))
+                .expect("a ConfigMap")
         };
         let mut rolled: Vec<String> =
             apps_reading(&store, &config_map("settings")).into_iter().map(|r| r.name).collect();

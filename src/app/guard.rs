@@ -26,9 +26,9 @@ use std::time::Instant;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::controller::{Scope, app_lists};
+use super::controller::{Scope, watch_apps};
 use super::error::ReconcileError;
-use super::light::LightApp;
+use super::light::{GuardedApp, LightApp, StatusSummary};
 use super::reconcile::write_status;
 use crate::api::conditions::{DesiredCondition, merge_conditions, now_to_the_second};
 use crate::api::{AppPhase, AppStatus};
@@ -50,6 +50,24 @@ struct GuardContext {
     streaming_lists: bool,
 }
 
+/// The Ready condition's message on an App of `namespace` no Tenant onboarded. Pure.
+pub fn not_onboarded_message(namespace: &str) -> String {
+    format!(
+        "namespace {namespace} is not onboarded: no Tenant lists it, so Flotilla has no rights here and creates nothing. \
+         Ask your platform team to add it to a Tenant's spec.namespaces."
+    )
+}
+
+/// Whether a status summed up as `summary` already says that `namespace` is not onboarded
+/// (what `not_onboarded_status` would write). Pure.
+pub fn already_marked(summary: &StatusSummary, namespace: &str) -> bool {
+    summary.phase == Some(AppPhase::Degraded)
+        && summary
+            .ready
+            .as_ref()
+            .is_some_and(|(reason, message)| reason == NOT_ONBOARDED && *message == not_onboarded_message(namespace))
+}
+
 /// The status that explains why nothing happens to an App of `namespace` at `generation`
 /// whose status is `previous`, or `None` when it already shows it. Pure.
 pub fn not_onboarded_status(
@@ -58,10 +76,7 @@ pub fn not_onboarded_status(
     previous: AppStatus,
     now: Timestamp,
 ) -> Option<AppStatus> {
-    let message = format!(
-        "namespace {namespace} is not onboarded: no Tenant lists it, so Flotilla has no rights here and creates nothing. \
-         Ask your platform team to add it to a Tenant's spec.namespaces."
-    );
+    let message = not_onboarded_message(namespace);
     let already = previous.phase == Some(AppPhase::Degraded)
         && previous.conditions.iter().any(|c| c.type_ == "Ready" && c.reason == NOT_ONBOARDED && c.message == message);
     if already {
@@ -75,7 +90,7 @@ pub fn not_onboarded_status(
     })
 }
 
-async fn reconcile(obj: Arc<LightApp>, ctx: Arc<GuardContext>) -> Result<Action, ReconcileError> {
+async fn reconcile(obj: Arc<GuardedApp>, ctx: Arc<GuardContext>) -> Result<Action, ReconcileError> {
     let namespace = obj.namespace().unwrap_or_default();
     {
         let ownership = ctx.ownership.borrow();
@@ -86,18 +101,32 @@ async fn reconcile(obj: Arc<LightApp>, ctx: Arc<GuardContext>) -> Result<Action,
     }
     let started = Instant::now();
     // A status that does not read as one (written by another writer) is left as it is.
-    let Ok(previous) = obj.status() else {
+    let Some(summary) = obj.summary() else {
         return Ok(Action::await_change());
     };
+    if already_marked(summary, &namespace) || !ctx.fence.may_write(&namespace) {
+        return Ok(Action::await_change());
+    }
     let name = obj.name_any();
-    let now = now_to_the_second();
-    let Some(status) = not_onboarded_status(&namespace, obj.meta().generation, previous, now) else {
+    // The whole status as it is now (the cache keeps only its summary), which the write keeps.
+    let api: kube::Api<LightApp> = kube::Api::namespaced(ctx.client.clone(), &namespace);
+    let current = match api.get_opt(&name).await {
+        Ok(Some(current)) => current,
+        Ok(None) => return Ok(Action::await_change()),
+        Err(source) => return Err(ReconcileError::Read { kind: "App", namespace, name, source }),
+    };
+    let Ok(previous) = current.status() else {
+        return Ok(Action::await_change());
+    };
+    let Some(status) = not_onboarded_status(&namespace, current.meta().generation, previous, now_to_the_second())
+    else {
         return Ok(Action::await_change());
     };
     if !ctx.fence.may_write(&namespace) {
         return Ok(Action::await_change());
     }
-    let result = write_status(&ctx.client, &namespace, &name, &status, obj.meta().resource_version.as_deref()).await;
+    let result =
+        write_status(&ctx.client, &namespace, &name, &status, current.meta().resource_version.as_deref()).await;
     ctx.metrics.reconciled("guard", started.elapsed(), result.as_ref().err().map(|_| "refused"));
     result?;
     ctx.metrics.app_not_onboarded();
@@ -117,7 +146,7 @@ async fn reconcile(obj: Arc<LightApp>, ctx: Arc<GuardContext>) -> Result<Action,
     Ok(Action::await_change())
 }
 
-fn error_policy(_obj: Arc<LightApp>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
+fn error_policy(_obj: Arc<GuardedApp>, err: &ReconcileError, _ctx: Arc<GuardContext>) -> Action {
     warn!(error = %err, "could not report an App outside onboarded namespaces");
     Action::requeue(std::time::Duration::from_secs(60))
 }
@@ -174,6 +203,11 @@ pub async fn guard(
     }
 }
 
+/// Guard reconciles at once: each reads its App whole before it writes (as text, its spec
+/// skipped, but the body is read whole), and a relist looks at every App outside the
+/// onboarded namespaces.
+const GUARD_CONCURRENCY: u16 = 4;
+
 /// How long the onboarded set must stay unchanged before the guard lists Apps again: a
 /// Tenant onboarding many namespaces changes it many times within seconds.
 const ONBOARDED_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -200,9 +234,9 @@ async fn run_guard(
         rx.changed().await.ok()?;
         Some(((), rx))
     });
-    let writer = reflector::store::Writer::<LightApp>::new(());
+    let writer = reflector::store::Writer::<GuardedApp>::new(());
     let store = writer.as_reader();
-    let events = watcher(Scope::All.api::<LightApp>(&client), app_lists(ctx.streaming_lists))
+    let events = watch_apps::<GuardedApp>(&client, &Scope::All, ctx.streaming_lists)
         .default_backoff()
         .filter(move |event| {
             let keep = match event {
@@ -216,6 +250,7 @@ async fn run_guard(
         .reflect(writer)
         .touched_objects();
     Controller::for_stream(events, store)
+        .with_config(kube::runtime::controller::Config::default().concurrency(GUARD_CONCURRENCY))
         .reconcile_all_on(changes)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
@@ -237,6 +272,19 @@ mod tests {
         assert!(!guarded(Some("a"), &onboarded));
         assert!(guarded(Some("c"), &onboarded));
         assert!(!guarded(None, &onboarded));
+    }
+
+    #[test]
+    fn a_summary_tells_whether_the_app_is_marked_already() {
+        let marked = StatusSummary {
+            phase: Some(AppPhase::Degraded),
+            ready: Some((NOT_ONBOARDED.into(), not_onboarded_message("nowhere"))),
+        };
+        assert!(already_marked(&marked, "nowhere"));
+        assert!(!already_marked(&marked, "elsewhere"), "the message names the namespace");
+        assert!(!already_marked(&StatusSummary { phase: Some(AppPhase::Healthy), ..marked.clone() }, "nowhere"));
+        assert!(!already_marked(&StatusSummary { ready: Some(("Other".into(), "x".into())), ..marked }, "nowhere"));
+        assert!(!already_marked(&StatusSummary::default(), "nowhere"));
     }
 
     #[test]

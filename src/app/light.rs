@@ -1,5 +1,6 @@
 //! An App read without its spec (`LightApp`), where only its key, generation and status
-//! matter: the guard's cluster-wide watch, and the App that a status write sends back.
+//! matter (the App that a status write sends back, the guard's read before it writes), and
+//! what the guard's cluster-wide watch keeps of one (`GuardedApp`).
 //!
 //! Whoever may create an App, anywhere, reaches the guard's read on every replica, and may make
 //! the App as large as the apiserver stores (about 1.5 MiB), shaped to take many times its
@@ -7,8 +8,7 @@
 //! as the text is read. The status is written by replicas only (the status subresource drops
 //! what anyone else sends in it).
 
-use crate::api::{App, AppStatus};
-use kube::Resource;
+use crate::api::{App, AppPhase, AppStatus};
 use serde::Deserialize;
 
 /// An App read without its spec: its name, namespace, uid, resourceVersion and generation,
@@ -59,36 +59,85 @@ impl LightApp {
     }
 }
 
-impl Resource for LightApp {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
+crate::watch_cache::resource_as!(LightApp, App);
 
-    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
-        App::kind(dt)
-    }
-    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
-        App::group(dt)
-    }
-    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
-        App::version(dt)
-    }
-    fn api_version(dt: &()) -> std::borrow::Cow<'_, str> {
-        App::api_version(dt)
-    }
-    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
-        App::plural(dt)
-    }
-    fn meta(&self) -> &kube::api::ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut kube::api::ObjectMeta {
-        &mut self.metadata
+/// What the guard keeps of an App: its key and generation, and of its status only its phase
+/// and its Ready condition's reason and message, which tell whether it already says what the
+/// guard would write. The whole status is read again before a write (`LightApp`): a status
+/// can hold a copy of a template, and the guard holds every App outside onboarded namespaces.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(from = "GuardWire")]
+pub struct GuardedApp {
+    metadata: kube::api::ObjectMeta,
+    /// `None` when the status does not read as one (written by another writer).
+    summary: Option<StatusSummary>,
+}
+
+/// Of an App's status, what tells whether it says why nothing is done: see `GuardedApp`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusSummary {
+    pub phase: Option<AppPhase>,
+    /// The Ready condition's reason and message.
+    pub ready: Option<(String, String)>,
+}
+
+#[derive(Deserialize)]
+struct GuardWire {
+    #[serde(default)]
+    metadata: LightMeta,
+    #[serde(default)]
+    status: Option<Box<serde_json::value::RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct SummaryWire {
+    #[serde(default)]
+    phase: Option<AppPhase>,
+    #[serde(default)]
+    conditions: Vec<ConditionWire>,
+}
+
+#[derive(Deserialize)]
+struct ConditionWire {
+    #[serde(rename = "type")]
+    type_: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    message: String,
+}
+
+impl From<GuardWire> for GuardedApp {
+    fn from(wire: GuardWire) -> Self {
+        let LightMeta { name, namespace, uid, resource_version, generation } = wire.metadata;
+        let metadata =
+            kube::api::ObjectMeta { name, namespace, uid, resource_version, generation, ..Default::default() };
+        // Read from the status's text, which is dropped here: a status that does not read
+        // must not fail the read of the App (nor a whole list page with it).
+        let summary = match wire.status {
+            None => Some(StatusSummary::default()),
+            Some(raw) => serde_json::from_str::<SummaryWire>(raw.get()).ok().map(|s| StatusSummary {
+                phase: s.phase,
+                ready: s.conditions.into_iter().find(|c| c.type_ == "Ready").map(|c| (c.reason, c.message)),
+            }),
+        };
+        GuardedApp { metadata, summary }
     }
 }
+
+impl GuardedApp {
+    /// Its status's summary; `None` when the status does not read as one.
+    pub fn summary(&self) -> Option<&StatusSummary> {
+        self.summary.as_ref()
+    }
+}
+
+crate::watch_cache::resource_as!(GuardedApp, App);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::Resource;
 
     #[test]
     fn reads_of_an_app_its_key_generation_and_status_only() {
@@ -120,5 +169,31 @@ mod tests {
         let wrong: LightApp = serde_json::from_str(r#"{"metadata": {"name": "a"}, "status": {"phase": 7}}"#)
             .expect("read: the guard leaves it as it is");
         assert!(wrong.status().is_err());
+    }
+
+    #[test]
+    fn the_guard_keeps_of_a_status_its_phase_and_ready_condition() {
+        let template = "x".repeat(64 * 1024);
+        let text = serde_json::json!({"metadata": {"name": "web", "namespace": "n", "generation": 2},
+            "spec": {"image": "a/b", "version": "1"},
+            "status": {"phase": "Degraded", "stableTemplate": {"big": template},
+                "conditions": [{"type": "Progressing", "status": "False", "reason": "R", "message": "m"},
+                    {"type": "Ready", "status": "False", "reason": "NamespaceNotOnboarded", "message": "why"}]}})
+        .to_string();
+        let app: GuardedApp = serde_json::from_str(&text).expect("an App");
+        assert_eq!(app.meta().generation, Some(2));
+        assert_eq!(
+            app.summary(),
+            Some(&StatusSummary {
+                phase: Some(AppPhase::Degraded),
+                ready: Some(("NamespaceNotOnboarded".into(), "why".into()))
+            })
+        );
+        assert!(std::mem::size_of_val(&app) < 1024 && format!("{app:?}").len() < 1024, "no copy of the template kept");
+        let bare: GuardedApp = serde_json::from_str(r#"{"metadata": {"name": "a"}}"#).expect("an App");
+        assert_eq!(bare.summary(), Some(&StatusSummary::default()));
+        let wrong: GuardedApp = serde_json::from_str(r#"{"metadata": {"name": "a"}, "status": {"phase": 7}}"#)
+            .expect("read all the same: a page must not fail for it");
+        assert_eq!(wrong.summary(), None);
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod applied;
 pub mod config;
+pub mod config_map_key;
 pub mod context;
 pub mod controller;
 pub mod desired;

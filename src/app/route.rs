@@ -9,7 +9,7 @@
 //! read: any edit between the read and the patch makes it fail with a conflict (409), and
 //! the next look starts over from the route as it is then.
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::desired::Difference;
@@ -183,6 +183,82 @@ pub fn weight_patch(pairs: &[RulePair], resource_version: Option<&str>, canary_w
     (!diffs.is_empty()).then_some(WeightPatch { patch: Value::Array(ops), diffs, lowered })
 }
 
+/// What a reconcile reads of an HTTPRoute: its name, namespace and resourceVersion, and its
+/// rules. The tenant writes the route: its labels, annotations and managed fields can be as
+/// large as the apiserver stores, shaped to take many times that as a tree of JSON values,
+/// so they are skipped as the text is read. Its rules are bounded by the Gateway API's schema
+/// (16 rules of 16 backends, ...).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(from = "RouteWire")]
+pub struct RouteView {
+    metadata: kube::api::ObjectMeta,
+    rules: Value,
+}
+
+#[derive(serde::Deserialize)]
+struct RouteWire {
+    #[serde(default)]
+    metadata: RouteMeta,
+    #[serde(default)]
+    spec: RouteSpec,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RouteMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+}
+
+#[derive(Default, serde::Deserialize)]
+struct RouteSpec {
+    #[serde(default)]
+    rules: Value,
+}
+
+impl From<RouteWire> for RouteView {
+    fn from(wire: RouteWire) -> Self {
+        let RouteMeta { name, namespace, resource_version } = wire.metadata;
+        let metadata = kube::api::ObjectMeta { name, namespace, resource_version, ..Default::default() };
+        RouteView { metadata, rules: wire.spec.rules }
+    }
+}
+
+impl RouteView {
+    /// As the JSON `rule_pairs` reads: its name and rules.
+    pub fn value(&self) -> Value {
+        json!({"metadata": {"name": self.metadata.name}, "spec": {"rules": self.rules}})
+    }
+}
+
+impl kube::Resource for RouteView {
+    type DynamicType = ApiResource;
+    type Scope = kube::core::DynamicResourceScope;
+
+    fn kind(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+    fn group(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+    fn version(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+    fn api_version(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+    fn plural(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+    fn meta(&self) -> &kube::api::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut kube::api::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// Reads the HTTPRoute `name` of `namespace`. A route that does not exist (or a cluster without
 /// the Gateway API) and a refusal to read it are reported as why the route cannot be used; other
 /// errors end the reconcile, to be retried.
@@ -192,7 +268,7 @@ pub async fn observe(
     app: &str,
     name: &str,
 ) -> Result<ObservedRoute, ReconcileError> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &http_route_resource());
+    let api: Api<RouteView> = Api::namespaced_with(client.clone(), namespace, &http_route_resource());
     let found = match api.get_opt(name).await {
         Ok(found) => found,
         Err(kube::Error::Api(s)) if s.code == 404 => None,
@@ -221,14 +297,11 @@ pub async fn observe(
         None => Err(format!(
             "HTTPRoute {name} does not exist in namespace {namespace} (Flotilla never creates it; is the Gateway API installed?)"
         )),
-        Some(route) => match serde_json::to_value(&route) {
-            Ok(value) => {
-                let pairs = rule_pairs(&value, namespace, app);
-                sends_nothing = pairs.as_ref().is_err_and(|why| why.contains(NO_RULE));
-                pairs.map_err(bounded)
-            }
-            Err(e) => Err(bounded(format!("HTTPRoute {name} cannot be read: {e}"))),
-        },
+        Some(route) => {
+            let pairs = rule_pairs(&route.value(), namespace, app);
+            sends_nothing = pairs.as_ref().is_err_and(|why| why.contains(NO_RULE));
+            pairs.map_err(bounded)
+        }
     };
     Ok(ObservedRoute { name: name.to_string(), resource_version, pairs, sends_nothing })
 }
@@ -240,7 +313,8 @@ pub async fn set_weights(
     route: &ObservedRoute,
     patch: &Value,
 ) -> Result<(), ReconcileError> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &http_route_resource());
+    // The route sent back is read as a `RouteView` too.
+    let api: Api<RouteView> = Api::namespaced_with(client.clone(), namespace, &http_route_resource());
     let params = PatchParams { field_manager: Some(ROUTE_FIELD_MANAGER.into()), ..PatchParams::default() };
     let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| ReconcileError::Apply {
         kind: "HTTPRoute",
@@ -262,6 +336,21 @@ mod tests {
 
     fn route(rules: Value) -> Value {
         json!({"metadata": {"name": "shop"}, "spec": {"parentRefs": [{"name": "gw"}], "rules": rules}})
+    }
+
+    #[test]
+    fn a_route_is_read_as_its_key_and_rules_only() {
+        let mut whole = route(json!([
+            {"backendRefs": [{"name": "web-canary", "port": 80, "weight": 0}, {"name": "web", "port": 80, "weight": 100}]},
+        ]));
+        whole["metadata"]["resourceVersion"] = json!("12");
+        whole["metadata"]["labels"] = json!({"a": "b"});
+        whole["metadata"]["managedFields"] = json!([{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]);
+        let view: RouteView = serde_json::from_str(&whole.to_string()).expect("a route");
+        assert_eq!(view.metadata.resource_version.as_deref(), Some("12"));
+        assert!(view.metadata.labels.is_none() && view.metadata.managed_fields.is_none());
+        assert_eq!(rule_pairs(&view.value(), "ns", "web"), rule_pairs(&whole, "ns", "web"));
+        assert_eq!(view.value()["metadata"]["name"], "shop");
     }
 
     #[test]

@@ -131,7 +131,9 @@ pub fn watch_apps(client: &Client, namespaces: Option<&[String]>, live: &Arc<Liv
     let mut stores = Vec::new();
     for (ns, api) in apis {
         let (reader, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+        // Pages of 20, as the replicas list Apps: a tenant chooses their size.
+        let config = watcher::Config::default().page_size(crate::app::controller::APP_LIST_PAGE);
+        let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
         let live = live.clone();
         tokio::spawn(follow(stream, move |event| match event {
             watcher::Event::Apply(app) | watcher::Event::InitApply(app) => {

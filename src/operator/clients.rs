@@ -153,6 +153,8 @@ impl Clients {
         let auth = config.auth_layer().map_err(ClientError::Auth)?;
         let headers = config.extra_headers_layer().map_err(ClientError::Headers)?;
         let service = ServiceBuilder::new()
+            // A streamed initial state as of now, not of any time (kube-runtime's ask).
+            .map_request(crate::watch_cache::streaming_lists::as_of_now::<Body>)
             .layer(config.base_uri_layer())
             .option_layer(config.default_retry.then(|| RetryLayer::new(RetryPolicy::server_retry())))
             .option_layer(auth)

@@ -10,69 +10,300 @@
 //! Older apiservers, or ones with the feature off, refuse such a watch; the caches then list
 //! in pages, as before. Asked once, at start, with a watch of no object.
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt};
 use kube::api::{Api, WatchParams};
 use kube::core::WatchEvent;
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::time::Duration;
 use tracing::{info, warn};
 
-/// How long the probe waits for the apiserver's first answer.
+/// How long one probe waits for the end of the (empty) initial state.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Probes before a replica settles for pages when the apiserver neither streams nor refuses.
+const PROBES: u32 = 3;
 
-/// What a probe's first answer says: streamed (any event, the end of the initial state
-/// first), or not (the apiserver refused the watch, or could not be asked).
-pub fn answer<K>(first: Option<Result<WatchEvent<K>, kube::Error>>) -> bool {
-    matches!(first, Some(Ok(_)))
+/// What a probe's answer says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The initial state ended with the bookmark that marks its end.
+    Streamed,
+    /// The apiserver refused to send an initial state (400 or 422: the feature is off or
+    /// unknown), with its reason.
+    Refused(String),
+    /// No answer that tells (an error of another kind, a watch that ended or timed out
+    /// without the end bookmark): asked again.
+    Unclear(String),
 }
 
-/// Whether `api`'s apiserver streams initial states: a watch of the objects named by a name
-/// no object has, asked to send its initial state (nothing, then a bookmark saying so).
-/// False when it refuses, or does not answer within `PROBE_TIMEOUT`: pages always work.
-pub async fn supported<K>(api: &Api<K>) -> bool
+/// Whether `status` refuses a watch for asking for its initial state: the apiserver's answer
+/// where WatchList is off (422, "sendInitialEvents is forbidden"), or where the parameter
+/// is not known to a proxy on the way (400).
+pub fn refuses(status: &kube::core::Status) -> bool {
+    status.code == 422 || status.code == 400 || status.message.contains("sendInitialEvents")
+}
+
+/// The probe's reading of one watch event.
+pub fn read<K>(event: Result<WatchEvent<K>, kube::Error>) -> Option<Answer> {
+    match event {
+        Ok(WatchEvent::Bookmark(b)) if b.metadata.annotations.contains_key("k8s.io/initial-events-end") => {
+            Some(Answer::Streamed)
+        }
+        // An object of that name (anyone may name an App so), or a plain bookmark: read on.
+        Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_) | WatchEvent::Bookmark(_)) => None,
+        Ok(WatchEvent::Error(status)) if refuses(&status) => Some(Answer::Refused(status.message.clone())),
+        Ok(WatchEvent::Error(status)) => Some(Answer::Unclear(status.message.clone())),
+        Err(kube::Error::Api(status)) if refuses(&status) => Some(Answer::Refused(status.message.clone())),
+        Err(e) => Some(Answer::Unclear(e.to_string())),
+    }
+}
+
+/// One probe: a watch of the objects named by a name no object has, asked to send its
+/// initial state as of now (nothing, then a bookmark saying so), as the replica's watches
+/// ask for it (`as_of_now`).
+async fn probe<K>(api: &Api<K>) -> Answer
 where
     K: Clone + DeserializeOwned + Debug + kube::Resource,
 {
     let params = WatchParams::streaming_lists().fields("metadata.name=flotilla.dev-streaming-lists-probe").timeout(5);
-    let first = tokio::time::timeout(PROBE_TIMEOUT, async {
-        match api.watch(&params, "").await {
-            Ok(stream) => stream.boxed().try_next().await.transpose(),
-            Err(e) => Some(Err(e)),
-        }
-    })
-    .await;
-    let streamed = match first {
-        Ok(first) => {
-            if let Some(Err(e)) = &first {
-                info!(error = %e, "the apiserver does not stream initial states (WatchList); Apps are listed in pages");
+    let read_all = async {
+        let mut stream = match api.watch(&params, "").await {
+            Ok(stream) => stream.boxed(),
+            Err(e) => return read::<K>(Err(e)).unwrap_or(Answer::Unclear("no answer".into())),
+        };
+        while let Some(event) = stream.next().await {
+            if let Some(answer) = read(event) {
+                return answer;
             }
-            answer(first)
         }
-        Err(_) => {
-            warn!("the apiserver did not answer a streamed watch within 10 s; Apps are listed in pages");
-            false
-        }
+        Answer::Unclear("the watch ended without marking the end of its initial state".into())
     };
-    if streamed {
-        info!("the apiserver streams initial states (WatchList): Apps are read one at a time");
+    tokio::time::timeout(PROBE_TIMEOUT, read_all)
+        .await
+        .unwrap_or_else(|_| Answer::Unclear(format!("no end of the initial state within {PROBE_TIMEOUT:?}")))
+}
+
+/// Whether `api`'s apiserver streams initial states. Asked up to `PROBES` times while the
+/// answer is unclear (an apiserver busy with a failover); pages, which always work, when
+/// refused or never clear.
+pub async fn supported<K>(api: &Api<K>) -> bool
+where
+    K: Clone + DeserializeOwned + Debug + kube::Resource,
+{
+    for attempt in 1..=PROBES {
+        match probe(api).await {
+            Answer::Streamed => {
+                info!("the apiserver streams initial states (WatchList): Apps are read one at a time");
+                return true;
+            }
+            Answer::Refused(reason) => {
+                info!(reason, "the apiserver does not stream initial states (WatchList); Apps are listed in pages");
+                return false;
+            }
+            Answer::Unclear(reason) if attempt < PROBES => {
+                info!(reason, attempt, "could not tell whether the apiserver streams initial states; asking again");
+                tokio::time::sleep(Duration::from_secs(u64::from(attempt))).await;
+            }
+            Answer::Unclear(reason) => {
+                warn!(reason, "could not tell whether the apiserver streams initial states; Apps are listed in pages");
+            }
+        }
     }
-    streamed
+    false
+}
+
+/// A request for a streamed initial state as of now rather than of any time: kube-runtime
+/// asks for one from `resourceVersion=0` (what the apiserver's watch cache holds, however far
+/// behind), where client-go sends none, which makes the apiserver wait until its cache has
+/// caught up with storage first (as the quorum list of a paged watcher does). A replica that
+/// takes over a namespace must not start from its App's state of before the last owner's
+/// last writes (a rollback it made, for one). Other requests pass unchanged. Pure.
+pub fn as_of_now<B>(mut request: http::Request<B>) -> http::Request<B> {
+    let Some(query) = request.uri().query() else { return request };
+    let streamed = query.split('&').any(|p| p == "sendInitialEvents=true");
+    if !streamed || !query.split('&').any(|p| p == "resourceVersion=0") {
+        return request;
+    }
+    let kept: Vec<&str> = query.split('&').filter(|p| *p != "resourceVersion=0").collect();
+    let path_and_query = format!("{}?{}", request.uri().path(), kept.join("&"));
+    let mut parts = request.uri().clone().into_parts();
+    match path_and_query.parse() {
+        Ok(pq) => parts.path_and_query = Some(pq),
+        Err(_) => return request,
+    }
+    if let Ok(uri) = http::Uri::from_parts(parts) {
+        *request.uri_mut() = uri;
+    }
+    request
+}
+
+/// Whether a watcher's error is the apiserver refusing to stream an initial state.
+pub fn refused(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::WatchError(status) => refuses(status),
+        watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::InitialListFailed(kube::Error::Api(status)) => refuses(status),
+        _ => false,
+    }
+}
+
+/// A watch of `api`'s objects whose initial state is streamed (`streamed`) or listed in
+/// pages by `paged`. A streamed watch that the apiserver refuses later (the feature turned
+/// off since the probe, or an apiserver of another version behind the same address) goes
+/// on in pages, at once and for good, with a warning.
+pub fn watch<K>(
+    api: Api<K>,
+    paged: watcher::Config,
+    streamed: bool,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    if !streamed {
+        return watcher(api, paged).boxed();
+    }
+    let streaming = reset_on_restart(watcher(api.clone(), paged.clone().streaming_lists())).take_while(|event| {
+        let go_on = !matches!(event, Err(e) if refused(e));
+        if !go_on {
+            warn!("the apiserver no longer streams initial states (WatchList); listing in pages from now on");
+        }
+        std::future::ready(go_on)
+    });
+    let then_paged = futures::stream::once(async move { watcher(api, paged) }).flatten();
+    streaming.chain(then_paged).boxed()
+}
+
+/// kube-runtime's streamed watch sends no `Init` when it starts an initial state again (after
+/// an error cut one short), so a cache's buffer would keep what the cut one sent: an object
+/// deleted meanwhile would stay in the cache. This sends `Init` before the first object (or
+/// end) of every initial state: at the start, and after an error while one was under way or
+/// after the last one ended. (An initial state that ends without an error or its end mark,
+/// and starts again, is not told apart; the apiserver ends a watch with an error event.)
+pub fn reset_on_restart<K>(
+    events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
+where
+    K: Send + 'static,
+{
+    events
+        .scan(true, |fresh, event| {
+            let out = match event {
+                Ok(e @ (watcher::Event::InitApply(_) | watcher::Event::InitDone)) => {
+                    let ends = matches!(e, watcher::Event::InitDone);
+                    let init = std::mem::replace(fresh, ends);
+                    if init { vec![Ok(watcher::Event::Init), Ok(e)] } else { vec![Ok(e)] }
+                }
+                Ok(watcher::Event::Init) => {
+                    *fresh = false;
+                    vec![Ok(watcher::Event::Init)]
+                }
+                Err(e) => {
+                    *fresh = true;
+                    vec![Err(e)]
+                }
+                Ok(e) => vec![Ok(e)],
+            };
+            std::future::ready(Some(futures::stream::iter(out)))
+        })
+        .flatten()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn bookmark(end: bool) -> WatchEvent<()> {
+        let annotations =
+            if end { serde_json::json!({"k8s.io/initial-events-end": "true"}) } else { serde_json::json!({}) };
+        serde_json::from_value(serde_json::json!({"type": "BOOKMARK",
+            "object": {"apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+                "metadata": {"resourceVersion": "9", "annotations": annotations}}}))
+        .expect("a bookmark")
+    }
+
     #[test]
-    fn only_an_event_means_streamed() {
-        let status = kube::core::Status::failure("sendInitialEvents is forbidden", "Invalid").with_code(422);
-        assert!(!answer::<()>(Some(Err(kube::Error::Api(status.boxed())))), "refused");
-        assert!(!answer::<()>(None), "the watch ended without a word");
-        let bookmark: WatchEvent<()> = serde_json::from_value(serde_json::json!({"type": "BOOKMARK",
-            "object": {"apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"resourceVersion": "9",
-                "annotations": {"k8s.io/initial-events-end": "true"}}}}))
-        .expect("a bookmark");
-        assert!(answer(Some(Ok(bookmark))));
+    fn only_the_end_of_an_initial_state_means_streamed() {
+        let refusal = kube::core::Status::failure(
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            "Invalid",
+        )
+        .with_code(422);
+        assert!(matches!(read::<()>(Err(kube::Error::Api(refusal.clone().boxed()))), Some(Answer::Refused(_))));
+        assert!(matches!(read::<()>(Ok(WatchEvent::Error(refusal.boxed()))), Some(Answer::Refused(_))));
+        let busy = kube::core::Status::failure("too many requests", "TooManyRequests").with_code(429);
+        assert!(matches!(read::<()>(Err(kube::Error::Api(busy.clone().boxed()))), Some(Answer::Unclear(_))));
+        assert!(matches!(read::<()>(Ok(WatchEvent::Error(busy.boxed()))), Some(Answer::Unclear(_))));
+        assert_eq!(read(Ok(bookmark(false))), None, "a plain bookmark (a watch that ignored the ask): read on");
+        assert_eq!(read(Ok(WatchEvent::Added(()))), None, "an object of the probe's name: read on");
+        assert_eq!(read(Ok(bookmark(true))), Some(Answer::Streamed));
+    }
+
+    fn init_events(events: Vec<watcher::Result<watcher::Event<u32>>>) -> Vec<String> {
+        let out = futures::executor::block_on(reset_on_restart(futures::stream::iter(events)).collect::<Vec<_>>());
+        out.into_iter()
+            .map(|e| match e {
+                Ok(watcher::Event::Init) => "init".to_string(),
+                Ok(watcher::Event::InitApply(n)) => format!("i{n}"),
+                Ok(watcher::Event::InitDone) => "done".to_string(),
+                Ok(watcher::Event::Apply(n)) => format!("a{n}"),
+                Ok(watcher::Event::Delete(n)) => format!("d{n}"),
+                Err(_) => "err".to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_initial_state_starts_with_init() {
+        use watcher::Event::{Apply, InitApply, InitDone};
+        let cut = || Err(watcher::Error::NoResourceVersion);
+        assert_eq!(
+            init_events(vec![Ok(InitApply(1)), Ok(InitApply(2)), Ok(InitDone), Ok(Apply(3))]),
+            ["init", "i1", "i2", "done", "a3"]
+        );
+        // Cut short, then streamed again: the buffer starts over.
+        assert_eq!(
+            init_events(vec![Ok(InitApply(1)), cut(), Ok(InitApply(1)), Ok(InitApply(2)), Ok(InitDone)]),
+            ["init", "i1", "err", "init", "i1", "i2", "done"]
+        );
+        // Streamed again after a watch that ran (a 410 Gone), and an empty initial state.
+        assert_eq!(
+            init_events(vec![Ok(InitDone), Ok(Apply(1)), cut(), Ok(InitApply(1)), Ok(InitDone)]),
+            ["init", "done", "a1", "err", "init", "i1", "done"]
+        );
+        // Listed in pages (kube-runtime sends Init itself): not sent twice.
+        assert_eq!(init_events(vec![Ok(watcher::Event::Init), Ok(InitApply(1)), Ok(InitDone)]), ["init", "i1", "done"]);
+    }
+
+    #[test]
+    fn a_streamed_initial_state_is_asked_for_as_of_now() {
+        let uri = |u: &str| as_of_now(http::Request::get(u).body(()).expect("a request")).uri().to_string();
+        assert_eq!(
+            uri(
+                "/apis/flotilla.dev/v1beta1/namespaces/a/apps?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion=0"
+            ),
+            "/apis/flotilla.dev/v1beta1/namespaces/a/apps?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+        );
+        let resumed = "/apis/flotilla.dev/v1beta1/apps?&watch=true&allowWatchBookmarks=true&resourceVersion=0";
+        assert_eq!(uri(resumed), resumed, "not a streamed initial state");
+        let listed = "/api/v1/namespaces/a/configmaps?&limit=20&resourceVersion=0";
+        assert_eq!(uri(listed), listed);
+        let at = "https://127.0.0.1:6443/apis/x/v1/apps?watch=true&sendInitialEvents=true&resourceVersion=0&resourceVersionMatch=NotOlderThan";
+        assert_eq!(
+            uri(at),
+            "https://127.0.0.1:6443/apis/x/v1/apps?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+        );
+    }
+
+    #[test]
+    fn a_refusal_is_told_apart_from_other_errors() {
+        let status = |code: u16, message: &str| kube::core::Status::failure(message, "x").with_code(code).boxed();
+        assert!(refused(&watcher::Error::WatchError(status(422, "sendInitialEvents is forbidden"))));
+        assert!(refused(&watcher::Error::WatchFailed(kube::Error::Api(status(400, "bad")))));
+        assert!(refused(&watcher::Error::WatchStartFailed(kube::Error::Api(status(422, "invalid")))));
+        assert!(!refused(&watcher::Error::WatchError(status(410, "too old resource version"))));
+        assert!(!refused(&watcher::Error::WatchError(status(403, "forbidden"))));
+        assert!(!refused(&watcher::Error::NoResourceVersion));
     }
 }
