@@ -16,6 +16,7 @@
 use kube::core::Status;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,7 +30,7 @@ pub const ANNOTATION_V1BETA1_FIELDS: &str = "flotilla.dev/v1beta1-fields";
 pub type Annotations = BTreeMap<String, String>;
 
 /// `v1beta1` fields with no place in `v1alpha1`.
-#[derive(Serialize, Deserialize, Default, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Default, Debug)]
 #[serde(rename_all = "camelCase")]
 struct V1beta1Fields {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -39,14 +40,24 @@ struct V1beta1Fields {
     /// `spec.rollout: {}`, which `v1alpha1` has no place for.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     empty_rollout: bool,
-    /// `spec.template`, as it was (`null` included).
+    /// `spec.template`, as it was (`null` included), as its text: a template of many small
+    /// parts would take many times its length as a tree of values.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
-    template: Option<Value>,
+    template: Option<Box<RawValue>>,
+}
+
+impl V1beta1Fields {
+    fn is_empty(&self) -> bool {
+        self.progress_deadline.is_none()
+            && self.history_limit.is_none()
+            && !self.empty_rollout
+            && self.template.is_none()
+    }
 }
 
 /// A field that is present, even as `null` (which `Option`'s own deserializer reads as absent).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 /// Why an object could not be converted; the message goes back to the apiserver, which shows it
@@ -61,6 +72,14 @@ pub enum ConversionError {
     UnknownDesiredVersion(String),
     #[error("object {index} ({name}) as {api_version} {kind}: {problem}")]
     Field { index: usize, name: String, kind: String, api_version: String, problem: FieldError },
+    #[error("object {index} ({name}): spec.{key} cannot be read: {source}")]
+    Spec {
+        index: usize,
+        name: String,
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("object {index} ({name}): metadata.annotations must be a map of strings: {source}")]
     Annotations {
         index: usize,
@@ -103,7 +122,12 @@ fn object_of<'a>(value: &'a mut Value, field: &'static str) -> Result<Option<&'a
 }
 
 /// `v1alpha1` App spec to `v1beta1`, restoring fields kept in the annotation (which is removed).
-pub fn app_spec_to_v1beta1(spec: &mut Map<String, Value>, annotations: &mut Annotations) -> Result<(), FieldError> {
+/// `template` is the spec's `template`, held apart as text: the one kept is put there.
+pub fn app_spec_to_v1beta1(
+    spec: &mut Map<String, Value>,
+    template: &mut Option<Box<RawValue>>,
+    annotations: &mut Annotations,
+) -> Result<(), FieldError> {
     let kept: V1beta1Fields = annotations
         .remove(ANNOTATION_V1BETA1_FIELDS)
         .and_then(|text| serde_json::from_str(&text).ok())
@@ -138,14 +162,19 @@ pub fn app_spec_to_v1beta1(spec: &mut Map<String, Value>, annotations: &mut Anno
     if !rollout.is_empty() || kept.empty_rollout {
         spec.insert("rollout".into(), Value::Object(rollout));
     }
-    if let Some(template) = kept.template {
-        spec.insert("template".into(), template);
+    if let Some(kept) = kept.template {
+        *template = Some(kept);
     }
     Ok(())
 }
 
 /// `v1beta1` App spec to `v1alpha1`, keeping what `v1alpha1` cannot say in the annotation.
-pub fn app_spec_to_v1alpha1(spec: &mut Map<String, Value>, annotations: &mut Annotations) -> Result<(), FieldError> {
+/// `template` is the spec's `template`, held apart as text: it goes into the annotation.
+pub fn app_spec_to_v1alpha1(
+    spec: &mut Map<String, Value>,
+    template: &mut Option<Box<RawValue>>,
+    annotations: &mut Annotations,
+) -> Result<(), FieldError> {
     let mut kept = V1beta1Fields::default();
     let mut rollout = spec.remove("rollout").unwrap_or(Value::Null);
     if let Some(rollout) = object_of(&mut rollout, "spec.rollout")? {
@@ -179,9 +208,9 @@ pub fn app_spec_to_v1alpha1(spec: &mut Map<String, Value>, annotations: &mut Ann
             Some(_) => return Err(wrong("spec.rollout.historyLimit", "an integer")),
         }
     }
-    kept.template = spec.remove("template");
+    kept.template = template.take();
     annotations.remove(ANNOTATION_V1BETA1_FIELDS);
-    if kept != V1beta1Fields::default()
+    if !kept.is_empty()
         && let Ok(text) = serde_json::to_string(&kept)
     {
         annotations.insert(ANNOTATION_V1BETA1_FIELDS.to_string(), text);
@@ -234,15 +263,52 @@ fn version_of(api_version: &str) -> Option<Version> {
     }
 }
 
-/// Converts one object, as the apiserver sends it, to `desired_api_version`. Only `apiVersion`,
-/// `spec` and `metadata.annotations` change; everything else (status included) is kept as sent.
-pub fn convert_object(index: usize, mut object: Value, desired_api_version: &str) -> Result<Value, ConversionError> {
-    let text = |object: &Value, field: &'static str| {
-        object.get(field).and_then(Value::as_str).map(str::to_string).ok_or(ConversionError::Missing { index, field })
+/// An object as its fields' text (`convert_text` reads it so).
+pub type RawObject = BTreeMap<String, Box<RawValue>>;
+
+/// Converts one object to `desired_api_version` (as `convert_text`), given and returned as a
+/// tree of values.
+pub fn convert_object(index: usize, object: Value, desired_api_version: &str) -> Result<Value, ConversionError> {
+    let text = object.to_string();
+    let Ok(fields) = serde_json::from_str::<RawObject>(&text) else {
+        return Err(ConversionError::Missing { index, field: "apiVersion" });
     };
-    let api_version = text(&object, "apiVersion")?;
-    let kind = text(&object, "kind")?;
-    let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+    let converted = convert_text(index, fields, desired_api_version)?;
+    // Text this function just wrote always parses.
+    Ok(serde_json::from_str(converted.get()).unwrap_or(Value::Null))
+}
+
+/// The field `field` of `fields` as a string, if it is one.
+fn string_of(fields: &RawObject, field: &str) -> Option<String> {
+    fields.get(field).and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+}
+
+/// `value` as JSON text (which values of these types always serialize to).
+fn raw<T: Serialize + ?Sized>(value: &T) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
+}
+
+/// Converts one object, as the apiserver sends it (its top-level fields as text), to
+/// `desired_api_version`. Only `apiVersion`, `spec` and `metadata.annotations` change;
+/// everything else (status and the rest of the metadata included) is kept as sent, as text:
+/// no part of the object is read into a tree of values but `spec`'s small fields (the
+/// template stays text) and the annotations. An object of many small parts (an App's
+/// environment entries, labels, managed fields) would take many times its length so.
+pub fn convert_text(
+    index: usize,
+    mut object: RawObject,
+    desired_api_version: &str,
+) -> Result<Box<RawValue>, ConversionError> {
+    let api_version =
+        string_of(&object, "apiVersion").ok_or(ConversionError::Missing { index, field: "apiVersion" })?;
+    let kind = string_of(&object, "kind").ok_or(ConversionError::Missing { index, field: "kind" })?;
+    let mut metadata: Option<RawObject> =
+        object.get("metadata").and_then(|raw| serde_json::from_str::<RawObject>(raw.get()).ok());
+    let name = metadata
+        .as_ref()
+        .and_then(|m| m.get("name"))
+        .and_then(|raw| serde_json::from_str::<Option<String>>(raw.get()).ok().flatten())
+        .unwrap_or_default();
     let desired = version_of(desired_api_version)
         .ok_or_else(|| ConversionError::UnknownDesiredVersion(desired_api_version.to_string()))?;
     let unknown = || ConversionError::UnknownVersion {
@@ -256,9 +322,9 @@ pub fn convert_object(index: usize, mut object: Value, desired_api_version: &str
         return Err(unknown());
     }
     if from == desired {
-        return Ok(object);
+        return Ok(raw(&object));
     }
-    object["apiVersion"] = Value::String(desired_api_version.to_string());
+    object.insert("apiVersion".into(), raw(desired_api_version));
     let field_error = |problem| ConversionError::Field {
         index,
         name: name.clone(),
@@ -266,42 +332,71 @@ pub fn convert_object(index: usize, mut object: Value, desired_api_version: &str
         api_version: api_version.clone(),
         problem,
     };
-    let Some(spec) =
-        object.get_mut("spec").map(|spec| object_of(spec, "spec")).transpose().map_err(field_error)?.flatten()
-    else {
+    let spec_text = match object.get("spec") {
         // No spec (a partial object): nothing else to move.
-        return Ok(object);
+        None => return Ok(raw(&object)),
+        Some(spec) if spec.get() == "null" => return Ok(raw(&object)),
+        Some(spec) => spec,
+    };
+    let Ok(mut spec_fields) = serde_json::from_str::<RawObject>(spec_text.get()) else {
+        return Err(field_error(wrong("spec", "an object")));
+    };
+    let mut template = spec_fields.remove("template");
+    // Every other field of the spec is small (bounded by the schema): read as values. One
+    // that does not read (nested deeper than serde_json reads) fails the conversion.
+    let unreadable =
+        |key: &str, source| ConversionError::Spec { index, name: name.clone(), key: key.to_string(), source };
+    let mut spec: Map<String, Value> = Map::new();
+    for (key, value) in spec_fields {
+        let value = serde_json::from_str(value.get()).map_err(|e| unreadable(&key, e))?;
+        spec.insert(key, value);
+    }
+    let spec_back = |spec: Map<String, Value>, template: Option<Box<RawValue>>| {
+        let mut fields: RawObject = spec.into_iter().map(|(k, v)| (k, raw(&v))).collect();
+        if let Some(template) = template {
+            fields.insert("template".into(), template);
+        }
+        raw(&fields)
     };
     match (kind.as_str(), desired) {
-        ("Tenant", Version::V1beta1) => return tenant_spec_to_v1beta1(spec).map(|()| object).map_err(field_error),
-        ("Tenant", Version::V1alpha1) => return tenant_spec_to_v1alpha1(spec).map(|()| object).map_err(field_error),
+        ("Tenant", Version::V1beta1) | ("Tenant", Version::V1alpha1) => {
+            if let Some(template) = template.take() {
+                let value = serde_json::from_str(template.get()).map_err(|e| unreadable("template", e))?;
+                spec.insert("template".into(), value);
+            }
+            match desired {
+                Version::V1beta1 => tenant_spec_to_v1beta1(&mut spec),
+                Version::V1alpha1 => tenant_spec_to_v1alpha1(&mut spec),
+            }
+            .map_err(field_error)?;
+            object.insert("spec".into(), spec_back(spec, None));
+            return Ok(raw(&object));
+        }
         _ => {}
     }
-    let mut annotations: Annotations = match object.pointer("/metadata/annotations") {
-        None | Some(Value::Null) => Annotations::new(),
-        Some(value) => serde_json::from_value(value.clone()).map_err(|source| ConversionError::Annotations {
+    let mut annotations: Annotations = match metadata.as_ref().and_then(|m| m.get("annotations")) {
+        None => Annotations::new(),
+        Some(text) if text.get() == "null" => Annotations::new(),
+        Some(text) => serde_json::from_str(text.get()).map_err(|source| ConversionError::Annotations {
             index,
             name: name.clone(),
             source,
         })?,
     };
-    let spec = object.get_mut("spec").and_then(Value::as_object_mut);
-    match (spec, desired) {
-        (Some(spec), Version::V1beta1) => app_spec_to_v1beta1(spec, &mut annotations).map_err(field_error)?,
-        (Some(spec), Version::V1alpha1) => app_spec_to_v1alpha1(spec, &mut annotations).map_err(field_error)?,
-        (None, _) => {}
+    match desired {
+        Version::V1beta1 => app_spec_to_v1beta1(&mut spec, &mut template, &mut annotations).map_err(field_error)?,
+        Version::V1alpha1 => app_spec_to_v1alpha1(&mut spec, &mut template, &mut annotations).map_err(field_error)?,
     }
-    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+    object.insert("spec".into(), spec_back(spec, template));
+    if let Some(metadata) = metadata.as_mut() {
         if annotations.is_empty() {
             metadata.remove("annotations");
         } else {
-            metadata.insert(
-                "annotations".into(),
-                Value::Object(annotations.into_iter().map(|(k, v)| (k, Value::String(v))).collect()),
-            );
+            metadata.insert("annotations".into(), raw(&annotations));
         }
+        object.insert("metadata".into(), raw(&*metadata));
     }
-    Ok(object)
+    Ok(raw(&object))
 }
 
 /// Answers one ConversionReview: every object converted, or a failure naming the first that

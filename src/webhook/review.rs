@@ -1,24 +1,25 @@
 //! Answers one ConversionReview body within known memory: the objects stay as the bytes they
-//! were sent as (borrowed slices of the body, never copied) until each in turn is parsed into
-//! a JSON tree, converted, written to the answer and dropped. So a review costs its body, its
-//! answer and the tree of one object (at most [`OBJECT_LIMIT`] bytes of JSON), whatever the
-//! number of objects; before that, a review of 64 MiB of tiny values was parsed into one tree
-//! (about 2 GiB) and cloned.
+//! were sent as (borrowed slices of the body, never copied) until each in turn is read as its
+//! fields' text (`conversion::convert_text`: only the spec's small fields and the annotations
+//! become values), converted, written to the answer and dropped. So a review costs its body,
+//! its answer and about one object's length, whatever the number of objects or their shape;
+//! before that, a review of 64 MiB of tiny values was parsed into one tree (about 2 GiB) and
+//! cloned, and later each object into a tree of its own (58 times its length for an App of
+//! small environment entries).
 //!
-//! Nesting: scanning an object's bytes (serde_json's `RawValue`) is iterative, and parsing one
-//! object into a tree stops at serde_json's recursion limit of 128 levels (an App nests about
-//! 10), so deep nesting is refused with 400 before it can exhaust a stack.
+//! Nesting: scanning an object's bytes (serde_json's `RawValue`) is iterative, and reading a
+//! spec field as a value stops at serde_json's recursion limit of 128 levels (an App nests
+//! about 10), so deep nesting cannot exhaust a stack.
 
 use kube::core::conversion::{ConversionResponse, ConversionReview};
 use kube::core::{Status, TypeMeta};
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use serde_json::value::RawValue;
 use std::fmt;
 
 use super::limits::{MAX_OBJECTS, OBJECT_LIMIT};
-use crate::api::conversion::convert_object;
+use crate::api::conversion::{ConversionError, RawObject, convert_text};
 
 const REVIEW_V1: &str = "apiextensions.k8s.io/v1";
 const REVIEW_V1BETA1: &str = "apiextensions.k8s.io/v1beta1";
@@ -138,9 +139,19 @@ pub fn answer(body: &[u8]) -> Result<Answer, Refused> {
     json_write(&mut out, &request.uid);
     out.extend_from_slice(br#","result":{"status":"Success"},"convertedObjects":["#);
     for (index, raw) in objects.items.iter().enumerate() {
-        let object: Value =
-            serde_json::from_str(raw.get()).map_err(|source| Refused::MalformedObject { index, source })?;
-        match convert_object(index, object, &desired) {
+        // Read as its fields' text, never as a tree of values (`convert_text`). Valid JSON that
+        // is not an object is a conversion failure (no apiVersion), as it was.
+        let converted = match serde_json::from_str::<RawObject>(raw.get()) {
+            Ok(object) => convert_text(index, object, &desired),
+            Err(source) => match serde_json::from_str::<serde::de::IgnoredAny>(raw.get()) {
+                Ok(_) => Err(ConversionError::Missing { index, field: "apiVersion" }),
+                Err(_) => return Err(Refused::MalformedObject { index, source }),
+            },
+        };
+        match converted {
+            // A field the conversion reads that does not read as JSON (nested deeper than
+            // serde_json reads): the object is malformed, as when it was read whole.
+            Err(ConversionError::Spec { source, .. }) => return Err(Refused::MalformedObject { index, source }),
             Ok(converted) => {
                 if index > 0 {
                     out.push(b',');

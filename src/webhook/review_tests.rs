@@ -2,7 +2,7 @@
 //! refusals.
 
 use super::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 fn review(objects: Vec<Value>, desired: &str) -> Value {
     json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
@@ -121,18 +121,27 @@ fn malformed_bodies_are_refused_with_400() {
 #[test]
 fn nesting_deeper_than_serde_jsons_limit_is_refused_with_400() {
     let depth = 100_000;
-    let object = format!(
-        r#"{{"apiVersion":"flotilla.dev/v1alpha1","kind":"App","spec":{}{}}}"#,
-        "[".repeat(depth),
-        "]".repeat(depth)
-    );
-    let body =
-        format!(r#"{{"request":{{"uid":"u","desiredAPIVersion":"flotilla.dev/v1beta1","objects":[{object}]}}}}"#);
-    let e = refused(body.as_bytes());
+    let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let review = |spec: &str| {
+        let object =
+            format!(r#"{{"apiVersion":"flotilla.dev/v1alpha1","kind":"App","metadata":{{"name":"a"}},"spec":{spec}}}"#);
+        format!(r#"{{"request":{{"uid":"u","desiredAPIVersion":"flotilla.dev/v1beta1","objects":[{object}]}}}}"#)
+    };
+    // In a field of the spec, which the conversion reads as a value.
+    let e = refused(review(&format!(r#"{{"image":"x","values":{deep}}}"#)).as_bytes());
     assert!(matches!(e, Refused::MalformedObject { index: 0, .. }), "{e}");
     assert!(e.to_string().contains("recursion limit"), "{e}");
+    // As the spec itself: not an object, which the conversion says.
+    let answer_of = |body: String| answer(body.as_bytes()).expect("answered");
+    let failure = answer_of(review(&deep)).failure.unwrap_or_default();
+    assert!(failure.contains("spec must be an object"), "{failure}");
+    // In the template, which is kept as its text: converted, nesting and all (scanned
+    // iteratively, no stack used).
+    let converted = answer_of(review(&format!(r#"{{"image":"x","template":{deep}}}"#)));
+    assert_eq!(converted.failure, None);
+    assert!(String::from_utf8_lossy(&converted.body).contains(&deep));
     // Nesting in a field the webhook does not read is skipped iteratively (no stack used).
-    let body = format!(r#"{{"x":{}{}}}"#, "[".repeat(depth), "]".repeat(depth));
+    let body = format!(r#"{{"x":{deep}}}"#);
     let answer = answer(body.as_bytes()).expect("answered");
     assert_eq!(answer.failure.as_deref(), Some("request missing in ConversionReview"));
 }
