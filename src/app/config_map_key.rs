@@ -161,7 +161,7 @@ impl<'de> Deserialize<'de> for TrackingOnly {
 }
 
 /// Writes a map of strings (or null) as `serde_json::to_vec` writes a `BTreeMap<String,
-/// String>`, one entry at a time, to `self.0`.
+/// String>`, one entry at a time, to `self.0`; a null value as `null`.
 struct EntriesSeed<'a, W>(&'a mut W);
 
 impl<'de, W: Write> DeserializeSeed<'de> for EntriesSeed<'_, W> {
@@ -197,7 +197,10 @@ impl<'de, W: Write> Visitor<'de> for EntriesSeed<'_, W> {
         let mut first = true;
         out.write_all(b"{").map_err(A::Error::custom)?;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            let value = map.next_value::<Cow<'de, str>>()?;
+            // `null` too (kube-apiserver 1.36 writes a null value back as "", but were one
+            // sent): a ConfigMap that did not read would fail its whole list page, and the
+            // namespace's cache would never fill.
+            let value = map.next_value::<Option<Cow<'de, str>>>()?;
             if !first {
                 out.write_all(b",").map_err(A::Error::custom)?;
             }

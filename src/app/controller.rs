@@ -182,12 +182,11 @@ pub const LIST_PAGE: u32 = 50;
 /// text. Operator-made objects are bounded by the App they are made from (`LIST_PAGE`).
 pub const APP_LIST_PAGE: u32 = 20;
 
-/// How a watch of objects whose writers choose their size (Apps, ConfigMaps) reads: pages of
-/// `APP_LIST_PAGE` when not streamed, and a watch that ends after 290 s (then resumed from
-/// where it was): a watch's read buffer keeps the size of the largest event it read, which,
-/// with its initial state streamed, is the largest object of its namespace.
+/// How a watch of objects whose writers choose their size (Apps, ConfigMaps) reads when not
+/// streamed: in pages of `APP_LIST_PAGE`. (Its watches end after kube's 290 s and resume,
+/// which gives back a read buffer grown to the largest object of its namespace.)
 fn tenant_sized() -> watcher::Config {
-    watcher::Config::default().page_size(APP_LIST_PAGE).timeout(290)
+    watcher::Config::default().page_size(APP_LIST_PAGE)
 }
 
 /// A watch of Apps as `K`: its initial state streamed, one App at a time, where the apiserver

@@ -122,8 +122,13 @@ async fn reconcile(obj: Arc<GuardedApp>, ctx: Arc<GuardContext>) -> Result<Actio
     else {
         return Ok(Action::await_change());
     };
-    if !ctx.fence.may_write(&namespace) {
-        return Ok(Action::await_change());
+    // Looked at again after the read: the namespace may have been onboarded, or its shard
+    // lost, meanwhile.
+    {
+        let ownership = ctx.ownership.borrow();
+        if !ownership.owns(&namespace) || ownership.served.contains(&namespace) || !ctx.fence.may_write(&namespace) {
+            return Ok(Action::await_change());
+        }
     }
     let result =
         write_status(&ctx.client, &namespace, &name, &status, current.meta().resource_version.as_deref()).await;

@@ -189,7 +189,7 @@ mod tests {
                 ready: Some(("NamespaceNotOnboarded".into(), "why".into()))
             })
         );
-        assert!(std::mem::size_of_val(&app) < 1024 && format!("{app:?}").len() < 1024, "no copy of the template kept");
+        assert!(format!("{app:?}").len() < 1024, "no copy of the template kept: {app:?}");
         let bare: GuardedApp = serde_json::from_str(r#"{"metadata": {"name": "a"}}"#).expect("an App");
         assert_eq!(bare.summary(), Some(&StatusSummary::default()));
         let wrong: GuardedApp = serde_json::from_str(r#"{"metadata": {"name": "a"}, "status": {"phase": 7}}"#)

@@ -117,6 +117,12 @@ impl Clients {
         Self { deadline: Some(deadline), ..self.clone() }
     }
 
+    /// Whether its clients reach the apiserver through a proxy (`--proxy-url`, or the
+    /// kubeconfig's): they are then kube's own, without this module's layers.
+    pub fn proxied(&self) -> bool {
+        self.config.proxy_url.is_some()
+    }
+
     /// A new client, with a connection of its own: kube's layers (base URI, retries, auth,
     /// headers) over hyper.
     pub fn client(&self) -> Result<Client, ClientError> {

@@ -299,8 +299,14 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     let reporter = Reporter { controller: "flotilla".into(), instance: Some(settings.replica_id.clone()) };
     // Asked where the Apps are watched: one namespace's, or all of them.
     let app_scope = settings.namespace.clone().map_or(Scope::All, Scope::Namespace);
-    let streaming_lists =
-        crate::watch_cache::streaming_lists::supported(&app_scope.api::<crate::app::light::LightApp>(&client)).await;
+    // Through a proxy the clients are kube's own, which ask for a streamed initial state
+    // from resourceVersion=0 (whatever the apiserver's cache holds): pages instead.
+    let streaming_lists = if clients.proxied() {
+        info!("the apiserver is reached through a proxy: Apps are listed in pages");
+        false
+    } else {
+        crate::watch_cache::streaming_lists::supported(&app_scope.api::<crate::app::light::LightApp>(&client)).await
+    };
     let shared = Shared {
         streaming_lists,
         events: crate::telemetry::events::EventWriter::new(client.clone(), reporter.clone()),

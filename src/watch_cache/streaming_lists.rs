@@ -175,12 +175,28 @@ where
     streaming.chain(then_paged).boxed()
 }
 
-/// kube-runtime's streamed watch sends no `Init` when it starts an initial state again (after
-/// an error cut one short), so a cache's buffer would keep what the cut one sent: an object
-/// deleted meanwhile would stay in the cache. This sends `Init` before the first object (or
-/// end) of every initial state: at the start, and after an error while one was under way or
-/// after the last one ended. (An initial state that ends without an error or its end mark,
-/// and starts again, is not told apart; the apiserver ends a watch with an error event.)
+/// Whether kube-runtime starts a new initial state after `error` (it reads on from the same
+/// stream after the others).
+fn starts_over(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::WatchError(status) => status.code == 410,
+        watcher::Error::WatchStartFailed(_)
+        | watcher::Error::InitialListFailed(_)
+        | watcher::Error::NoResourceVersion => true,
+        watcher::Error::WatchFailed(_) => false,
+    }
+}
+
+/// kube-runtime's streamed watch sends no `Init` when it starts an initial state again, so a
+/// cache's buffer would keep what a cut-short one sent: an object deleted meanwhile would stay
+/// in the cache. This sends `Init` before the first object (or end) of every initial state
+/// that surely starts anew: the first, one after the last ended, and one after an error that
+/// makes kube-runtime start over (410 Gone, a watch that could not start). After other errors
+/// kube-runtime reads on from the same stream (a line that did not decode, a read error), and
+/// an `Init` there would throw away what that stream already sent: a cache that then swaps
+/// in part of its objects, or none, as synced. So those send none; a stream that ends after
+/// them, or without any error, and starts again is not told apart (an object deleted in
+/// between would stay in the cache until the next full read).
 pub fn reset_on_restart<K>(
     events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
@@ -200,7 +216,9 @@ where
                     vec![Ok(watcher::Event::Init)]
                 }
                 Err(e) => {
-                    *fresh = true;
+                    if starts_over(&e) {
+                        *fresh = true;
+                    }
                     vec![Err(e)]
                 }
                 Ok(e) => vec![Ok(e)],
@@ -255,21 +273,34 @@ mod tests {
     }
 
     #[test]
-    fn every_initial_state_starts_with_init() {
+    fn every_initial_state_that_starts_anew_starts_with_init() {
         use watcher::Event::{Apply, InitApply, InitDone};
-        let cut = || Err(watcher::Error::NoResourceVersion);
+        let gone = || {
+            Err(watcher::Error::WatchError(kube::core::Status::failure("too old", "Expired").with_code(410).boxed()))
+        };
+        let not_started = || Err(watcher::Error::WatchStartFailed(kube::Error::LinesCodecMaxLineLengthExceeded));
+        let line = || Err(watcher::Error::WatchFailed(kube::Error::LinesCodecMaxLineLengthExceeded));
+        let other = || Err(watcher::Error::WatchError(kube::core::Status::failure("busy", "x").with_code(500).boxed()));
         assert_eq!(
             init_events(vec![Ok(InitApply(1)), Ok(InitApply(2)), Ok(InitDone), Ok(Apply(3))]),
             ["init", "i1", "i2", "done", "a3"]
         );
-        // Cut short, then streamed again: the buffer starts over.
+        // Gone, or not started: a new initial state, the buffer starts over.
         assert_eq!(
-            init_events(vec![Ok(InitApply(1)), cut(), Ok(InitApply(1)), Ok(InitApply(2)), Ok(InitDone)]),
+            init_events(vec![Ok(InitApply(1)), gone(), Ok(InitApply(1)), Ok(InitApply(2)), Ok(InitDone)]),
             ["init", "i1", "err", "init", "i1", "i2", "done"]
         );
-        // Streamed again after a watch that ran (a 410 Gone), and an empty initial state.
+        assert_eq!(init_events(vec![not_started(), Ok(InitApply(1)), Ok(InitDone)]), ["err", "init", "i1", "done"]);
+        // After an error kube-runtime reads on from: the same initial state goes on, kept whole.
+        for error in [line(), other()] {
+            assert_eq!(
+                init_events(vec![Ok(InitApply(1)), error, Ok(InitApply(2)), Ok(InitDone)]),
+                ["init", "i1", "err", "i2", "done"]
+            );
+        }
+        // Streamed again after a watch that ran, and an empty initial state.
         assert_eq!(
-            init_events(vec![Ok(InitDone), Ok(Apply(1)), cut(), Ok(InitApply(1)), Ok(InitDone)]),
+            init_events(vec![Ok(InitDone), Ok(Apply(1)), gone(), Ok(InitApply(1)), Ok(InitDone)]),
             ["init", "done", "a1", "err", "init", "i1", "done"]
         );
         // Listed in pages (kube-runtime sends Init itself): not sent twice.
@@ -278,20 +309,27 @@ mod tests {
 
     #[test]
     fn a_streamed_initial_state_is_asked_for_as_of_now() {
-        let uri = |u: &str| as_of_now(http::Request::get(u).body(()).expect("a request")).uri().to_string();
-        assert_eq!(
-            uri(
-                "/apis/flotilla.dev/v1beta1/namespaces/a/apps?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion=0"
-            ),
-            "/apis/flotilla.dev/v1beta1/namespaces/a/apps?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+        use kube::core::{Request, params::ListParams};
+        let uri = |r: http::Request<Vec<u8>>| as_of_now(r).uri().to_string();
+        // As kube builds them.
+        let apps = Request::new("/apis/flotilla.dev/v1beta1/namespaces/a/apps");
+        let streamed = apps.watch(&WatchParams::streaming_lists(), "0").expect("a request");
+        let asked = uri(streamed);
+        assert!(
+            asked.contains("sendInitialEvents=true") && asked.contains("resourceVersionMatch=NotOlderThan"),
+            "{asked}"
         );
-        let resumed = "/apis/flotilla.dev/v1beta1/apps?&watch=true&allowWatchBookmarks=true&resourceVersion=0";
-        assert_eq!(uri(resumed), resumed, "not a streamed initial state");
-        let listed = "/api/v1/namespaces/a/configmaps?&limit=20&resourceVersion=0";
-        assert_eq!(uri(listed), listed);
+        assert!(!asked.contains("resourceVersion=0"), "{asked}");
+        let resumed = apps.watch(&WatchParams::default(), "0").expect("a request");
+        let resumed_uri = resumed.uri().to_string();
+        assert_eq!(uri(resumed), resumed_uri, "not a streamed initial state");
+        let listed = apps.list(&ListParams::default().limit(20)).expect("a request");
+        let listed_uri = listed.uri().to_string();
+        assert_eq!(uri(listed), listed_uri);
         let at = "https://127.0.0.1:6443/apis/x/v1/apps?watch=true&sendInitialEvents=true&resourceVersion=0&resourceVersionMatch=NotOlderThan";
+        let request = http::Request::get(at).body(Vec::new()).expect("a request");
         assert_eq!(
-            uri(at),
+            uri(request),
             "https://127.0.0.1:6443/apis/x/v1/apps?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
         );
     }
