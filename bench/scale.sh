@@ -9,6 +9,8 @@
 #   FLOTILLA_BENCH_IDLE=600 FLOTILLA_BENCH_CHANGES=50 FLOTILLA_BENCH_REPLICAS_PER_APP=0 bash bench/scale.sh 100 1000
 #   FLOTILLA_BENCH_OPERATOR_REPLICAS=5 bash bench/scale.sh 100 1000     replicas of the operator (default 3)
 #   FLOTILLA_BENCH_BIN=path      another build of the replica to run (default: the release build)
+#   FLOTILLA_BENCH_BASELINE=0    skips the bare client (no ratio): for runs about the rest
+#   FLOTILLA_BENCH_LOGS=dir      keeps the replicas' logs and the audit log of Flotilla's run
 #
 # Measured:
 # - baseline: time for a bare client (kubectl, 8 in parallel) to create what the operator
@@ -29,7 +31,8 @@
 #   replica, its restart, then SIGTERM of another; after each, the time until every shard
 #   is held by the live replicas (the last of the new holders' acquireTime stamps on the
 #   departed replica's Leases, and what a poll of the Leases saw) and until changed Apps in
-#   30 namespaces are reconciled.
+#   30 namespaces are reconciled (the last replica's status write of each, from the audit
+#   log; a poll of the 30 one after another, also printed, adds up to its own length).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/hack/versions.sh"
@@ -124,6 +127,12 @@ PIDS=()
 SAMPLER=
 cleanup() {
   [ -n "$SAMPLER" ] && kill "$SAMPLER" 2>/dev/null || true
+  # FLOTILLA_BENCH_LOGS=DIR keeps the replicas' logs (and the Flotilla run's audit log, when
+  # the run has no Argo part) for a closer look.
+  if [ -n "${FLOTILLA_BENCH_LOGS:-}" ]; then
+    mkdir -p "$FLOTILLA_BENCH_LOGS" && cp "$WORK"/*.log "$FLOTILLA_BENCH_LOGS"/ 2>/dev/null || true
+    [ -n "${AUDIT:-}" ] && cp "$(dirname "$AUDIT")"/audit*.log "$FLOTILLA_BENCH_LOGS"/ 2>/dev/null || true
+  fi
   # Only processes still ours: a PID that exited may have been reused.
   for p in "${PIDS[@]}"; do
     grep -qaE 'flotilla|rollouts-controller' "/proc/$p/cmdline" 2>/dev/null && kill -9 "$p" 2>/dev/null || true
@@ -192,6 +201,8 @@ YAML
 per_client=$(( (NAMESPACES + PARALLEL - 1) / PARALLEL )); [ "$per_client" -le 20 ] || per_client=20
 create_all() { ls "$WORK/$1"/*.yaml | xargs -P "$PARALLEL" -n "$per_client" sh -c 'for f; do kubectl create -f "$f" >/dev/null; done' _; }
 
+BASELINE=${FLOTILLA_BENCH_BASELINE:-1}
+if [ "$BASELINE" = 1 ]; then
 fresh_cluster
 echo ">> baseline: a bare client creates $APPS Deployments and Services in $NAMESPACES namespaces"
 seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 1 kubectl create namespace >/dev/null
@@ -207,6 +218,10 @@ until [ "$(available)" -ge "$APPS" ] \
   && [ "$(kubectl get services -A --no-headers 2>/dev/null | grep -c '^base-')" -ge "$APPS" ]; do sleep "$POLL"; done
 baseline=$(since "$t0")
 echo "   all $APPS Deployments available and Services created after ${baseline}s"
+else
+  baseline=null
+  echo ">> baseline skipped (FLOTILLA_BENCH_BASELINE=0): no ratio in this run"
+fi
 
 fresh_cluster
 echo ">> Flotilla: CRDs, RBAC, $REPLICAS replicas, tenants onboarding $NAMESPACES namespaces"
@@ -302,7 +317,7 @@ for i in $ids; do
   rows+=("| scale-$i $fig_row")
   json_replicas+=("{\"replica\":\"scale-$i\",$fig_json}")
 done
-ratio=$(awk "BEGIN{printf \"%.2f\", $flotilla / $baseline}")
+ratio=null; [ "$baseline" = null ] || ratio=$(awk "BEGIN{printf \"%.2f\", $flotilla / $baseline}")
 
 FAILOVER=${FLOTILLA_BENCH_FAILOVER:-1}
 [ "$REPLICAS" -ge 2 ] || FAILOVER=0
@@ -343,14 +358,39 @@ stamps = [datetime.datetime.fromisoformat(l["spec"]["acquireTime"].replace("Z", 
 late = [t - t0 for t in stamps if t > t0]
 print("%.2f" % max(late) if names and len(late) == len(names) else "null")' "$@"
   }
+  reconciled_after() { # reconciled_after T0 FROM: from the audit log (events since the stamp
+    # FROM, just before T0), for each sampled namespace the first status write of app-0 by a
+    # replica (an idle replica writes none: this is the change's); prints the seconds from T0
+    # to the last of them and their p50, or null if one is missing. Exact where a poll of 30
+    # Apps one by one adds up to its own length (seconds on a loaded apiserver).
+    audit_between "$2" 9 | python3 -c '
+import datetime, json, sys
+t0, names = float(sys.argv[1]), set(sys.argv[2:])
+ts = lambda e: datetime.datetime.fromisoformat(e["stageTimestamp"].replace("Z", "+00:00")).timestamp()
+written = {}
+for line in sys.stdin:
+    e = json.loads(line)
+    ref = e.get("objectRef", {})
+    ns = ref.get("namespace")
+    if e.get("stage") != "ResponseComplete" or ns not in names or ref.get("resource") != "apps" or ref.get("name") != "app-0":
+        continue
+    if e.get("verb") not in ("update", "patch") or e.get("responseStatus", {}).get("code", 500) >= 300:
+        continue
+    if ref.get("subresource") == "status" and e.get("userAgent", "").startswith("flotilla/") and ts(e) > t0:
+        written[ns] = min(written.get(ns, ts(e)), ts(e))
+late = sorted(t - t0 for t in written.values())
+print("%.2f %.2f" % (late[-1], late[len(late) // 2]) if len(late) == len(names) else "null null")' "$1" $(sample_ns)
+  }
   failover_step() { # failover_step SIGNAL I VERSION SURVIVOR...: signals replica I while the
     # sample is changed to VERSION; sets step_held (every shard of replica I acquired by a
     # SURVIVOR, from the Leases' acquireTime), step_polled (the same seen by a poll of the
-    # Leases every 0.2 s, which adds up to a poll's time) and step_reconciled (every changed
-    # App reconciled), in seconds from the signal.
-    local signal=$1 victim=$2 version=$3 t0 changer lost
+    # Leases every 0.2 s, which adds up to a poll's time), step_reconciled and
+    # step_reconciled_p50 (every changed App reconciled, from the audit log) and
+    # step_reconciled_polled (the same seen by a poll), in seconds from the signal.
+    local signal=$1 victim=$2 version=$3 t0 changer lost from
     shift 3
     lost=$(leases_of "scale-$victim")
+    from=$(stamp)
     t0=$(now)
     kill "-$signal" "${PIDS[$victim]}"
     change_sample "$version" &
@@ -361,7 +401,8 @@ print("%.2f" % max(late) if names and len(late) == len(names) else "null")' "$@"
     step_held=$(acquired_after "$t0" $lost)
     wait "$changer"
     until sample_at "$version"; do sleep 0.5; done
-    step_reconciled=$(since "$t0")
+    step_reconciled_polled=$(since "$t0")
+    read -r step_reconciled step_reconciled_p50 < <(reconciled_after "$t0" "$from")
   }
   start_replica() { # start_replica I
     "$BIN" run --kubeconfig "$WORK/op-$1.kubeconfig" --admin-addr "127.0.0.1:$((9660 + $1))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$1" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
@@ -373,8 +414,8 @@ print("%.2f" % max(late) if names and len(late) == len(names) else "null")' "$@"
   echo ">> failover with $APPS Apps present: kill -9 of scale-0, changes in $(sample_ns | wc -l) namespaces"
   # shellcheck disable=SC2046
   failover_step KILL 0 f1 $(printf 'scale-%s ' $(seq 1 $((REPLICAS - 1))))
-  kill_held=$step_held kill_polled=$step_polled kill_reconciled=$step_reconciled
-  echo "   every shard held by the survivors after ${kill_held}s (seen by the poll after ${kill_polled}s); every changed App reconciled after ${kill_reconciled}s"
+  kill_held=$step_held kill_polled=$step_polled kill_reconciled=$step_reconciled kill_rec_p50=$step_reconciled_p50 kill_rec_polled=$step_reconciled_polled
+  echo "   every shard held by the survivors after ${kill_held}s (seen by the poll after ${kill_polled}s); every changed App reconciled after ${kill_reconciled}s (p50 ${kill_rec_p50}s; seen by the poll after ${kill_rec_polled}s)"
   echo ">> scale-0 restarts (a rolling upgrade's next step)"
   t0=$(now)
   start_replica 0
@@ -384,10 +425,10 @@ print("%.2f" % max(late) if names and len(late) == len(names) else "null")' "$@"
   echo ">> SIGTERM of scale-1, changes in the same namespaces"
   # shellcheck disable=SC2046
   failover_step TERM 1 f2 $(printf 'scale-%s ' $(seq 0 $((REPLICAS - 1))) | sed 's/scale-1 //')
-  term_held=$step_held term_polled=$step_polled term_reconciled=$step_reconciled
-  echo "   every shard held by the others after ${term_held}s (seen by the poll after ${term_polled}s); every changed App reconciled after ${term_reconciled}s"
+  term_held=$step_held term_polled=$step_polled term_reconciled=$step_reconciled term_rec_p50=$step_reconciled_p50 term_rec_polled=$step_reconciled_polled
+  echo "   every shard held by the others after ${term_held}s (seen by the poll after ${term_polled}s); every changed App reconciled after ${term_reconciled}s (p50 ${term_rec_p50}s; seen by the poll after ${term_rec_polled}s)"
   failover_peak=$(awk -v a="$failover_from" '$1>=a && $3>m {m=$3} END{printf "%.0f", m/1024}' "$WORK/rss")
-  failover_json=",\"failover\":{\"sample_namespaces\":$(sample_ns | wc -l),\"kill9_shards_held_seconds\":$kill_held,\"kill9_shards_held_polled_seconds\":$kill_polled,\"kill9_reconciled_seconds\":$kill_reconciled,\"restart_holds_shards_seconds\":$rejoin,\"sigterm_shards_held_seconds\":$term_held,\"sigterm_shards_held_polled_seconds\":$term_polled,\"sigterm_reconciled_seconds\":$term_reconciled,\"peak_rss_mib\":$failover_peak}"
+  failover_json=",\"failover\":{\"sample_namespaces\":$(sample_ns | wc -l),\"kill9_shards_held_seconds\":$kill_held,\"kill9_shards_held_polled_seconds\":$kill_polled,\"kill9_reconciled_seconds\":$kill_reconciled,\"kill9_reconciled_p50_seconds\":$kill_rec_p50,\"kill9_reconciled_polled_seconds\":$kill_rec_polled,\"restart_holds_shards_seconds\":$rejoin,\"sigterm_shards_held_seconds\":$term_held,\"sigterm_shards_held_polled_seconds\":$term_polled,\"sigterm_reconciled_seconds\":$term_reconciled,\"sigterm_reconciled_p50_seconds\":$term_rec_p50,\"sigterm_reconciled_polled_seconds\":$term_rec_polled,\"peak_rss_mib\":$failover_peak}"
 fi
 
 # Read from this control plane's audit log before the next system replaces it.
@@ -451,7 +492,7 @@ if [ "$WITH_ARGO" = 1 ]; then
   argo_idle_to=$(stamp)
   figures "$ARGO" "$WORK/rss-argo" argo "$argo_converged_at" "$argo_steady_at" rollouts-controller/
   argo_row=$fig_row
-  argo_ratio=$(awk "BEGIN{printf \"%.2f\", $argo / $baseline}")
+  argo_ratio=null; [ "$baseline" = null ] || argo_ratio=$(awk "BEGIN{printf \"%.2f\", $argo / $baseline}")
   argo_converged=false; [ "$argo_healthy" -lt "$APPS" ] || argo_converged=true
   argo_json=",\"argo_rollouts\":{\"version\":\"$ARGO_ROLLOUTS_VERSION\",\"seconds\":$argo,\"healthy\":$argo_healthy,\"converged\":$argo_converged,\"ratio\":$argo_ratio,\"idle_writes\":$argo_idle_writes,$fig_json}"
 fi
@@ -471,14 +512,16 @@ echo "Scale: $NAMESPACES namespaces, $APPS Apps ($POD_REPLICAS pods each), $REPL
 echo
 echo "| measurement | result | goal |"
 echo "|---|---|---|"
-echo "| bare client: $APPS Deployments available and Services created | ${baseline}s | |"
+# A skipped baseline (FLOTILLA_BENCH_BASELINE=0) prints as "-".
+unit() { [ "$1" = null ] && echo - || echo "$1$2"; }
+echo "| bare client: $APPS Deployments available and Services created | $(unit "$baseline" s) | |"
 echo "| Flotilla: every App has its Deployment and current status | ${flotilla}s | |"
-echo "| ratio Flotilla / bare client | ${ratio}x | <= 1.3x |"
+echo "| ratio Flotilla / bare client | $(unit "$ratio" x) | <= 1.3x |"
 echo "| writes by the operator in ${IDLE} idle seconds | $idle_writes | 0 |"
 echo "| one changed App's rollout started (status at the new generation and version; p50 / p99 over $CHANGES) | ${p50}s / ${p99}s | p99 <= 1 s |"
 if [ "$FAILOVER" = 1 ]; then
-  echo "| kill -9 of a replica: every shard held by the survivors / changed Apps in $(sample_ns | wc -l) namespaces reconciled | ${kill_held}s / ${kill_reconciled}s | p99 <= 10 s (reconciled) |"
-  echo "| SIGTERM of a replica: every shard held by the others / changed Apps reconciled | ${term_held}s / ${term_reconciled}s | <= 2 s (held) |"
+  echo "| kill -9 of a replica: every shard held by the survivors / changed Apps in $(sample_ns | wc -l) namespaces reconciled | ${kill_held}s / ${kill_reconciled}s (p50 ${kill_rec_p50}s) | p99 <= 10 s (reconciled) |"
+  echo "| SIGTERM of a replica: every shard held by the others / changed Apps reconciled | ${term_held}s / ${term_reconciled}s (p50 ${term_rec_p50}s) | <= 2 s (held) |"
   echo "| peak RSS of a replica during the failovers (the survivors serve more namespaces) | ${failover_peak} MiB | |"
 fi
 echo
@@ -493,7 +536,7 @@ if [ "$WITH_ARGO" = 1 ]; then
   echo
   echo "| measurement | bare client | Flotilla ($REPLICAS replicas) | Argo Rollouts (1 replica) |"
   echo "|---|---|---|---|"
-  echo "| time until everything exists / converged | ${baseline}s | ${flotilla}s (${ratio}x) | ${argo}s (${argo_ratio}x) |"
+  echo "| time until everything exists / converged | $(unit "$baseline" s) | ${flotilla}s ($(unit "$ratio" x)) | ${argo}s ($(unit "$argo_ratio" x)) |"
   echo "| writes in ${IDLE} idle seconds | | $idle_writes | $argo_idle_writes |"
   # Sums over table rows "| name | peak MiB | steady MiB | cpu s | ...".
   rss_total() { sed 's/ MiB//g' | awk -F'|' '{p+=$3; s+=$4} END{printf "%d / %d MiB", p, s}'; }
