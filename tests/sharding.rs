@@ -268,9 +268,21 @@ async fn shards_fail_over_hand_off_and_rebalance() {
     // time below (a dead or stuck peer's shards once their Leases expire, the shards a leaving
     // or rebalancing peer releases) they take because a Lease's expiry or change woke them.
     let slow_looks = ["--shards", "32", "--shard-retry-period", "60s"];
+    // Ready means holding its share of the shards (the peers hand theirs back as it joins):
+    // a rolling upgrade stops the next replica only once this one has taken over.
+    let holds_at_ready = |replica: &'static str, share: usize| {
+        let client = client.clone();
+        async move {
+            let holds = counts(&holders(&client).await).get(replica).copied().unwrap_or(0);
+            assert!(holds >= share, "{replica} was ready holding {holds} shards, fewer than its share {share}");
+        }
+    };
     let a = Operator::start_with(&operator_kubeconfig("shard-a"), &args, "shard-a").await;
+    holds_at_ready("shard-a", 32).await;
     let mut b = Operator::start_with(&operator_kubeconfig("shard-b"), &args, "shard-b").await;
+    holds_at_ready("shard-b", 16).await;
     let mut c = Operator::start_with(&operator_kubeconfig("shard-c"), &slow_looks, "shard-c").await;
+    holds_at_ready("shard-c", 10).await;
 
     // 1. Steady state: every shard held exactly once, balanced within one, and no replica
     //    believes it holds more than the Leases say.

@@ -252,7 +252,7 @@ pub fn app_controller(
         Scope::All => String::new(),
         Scope::Namespace(ns) => ns.clone(),
     };
-    let registration = shared.metrics.app_index().register(&namespace, apps.clone());
+    let registration = shared.metrics.app_index().register(&namespace, apps.clone(), ready.clone());
     let (ctx, streams) = context(client, &scope, shared, served_by);
     let readers = apps.clone();
     let controller = Controller::for_stream(app_events, apps)
@@ -269,6 +269,7 @@ pub fn app_controller(
         // an on-demand cache whose probe never answered would keep it (and the namespace's
         // context) waiting for good.
         let mut readiness = tokio::task::JoinSet::new();
+        let (started, shown) = (std::time::Instant::now(), namespace);
         readiness.spawn(async move {
             if !crate::watch_cache::synced(&apps_synced).await
                 || !readiness_ctx.wait_for_caches(Default::default()).await
@@ -277,7 +278,7 @@ pub fn app_controller(
                 return;
             }
             ready.store(true, Ordering::SeqCst);
-            info!("App controller caches synced");
+            info!(namespace = %shown, took = ?started.elapsed(), "App controller caches synced");
         });
         controller
             .run(reconcile, error_policy, ctx)

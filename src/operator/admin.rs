@@ -2,16 +2,15 @@
 
 use axum::{Router, extract::State, http::StatusCode, routing::get};
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::readiness::Readiness;
 use crate::sharding::stuck::Progress;
 use crate::telemetry::Metrics;
 
 #[derive(Clone)]
 struct AdminState {
     metrics: Metrics,
-    ready: Arc<AtomicBool>,
+    ready: Readiness,
     progress: Progress,
 }
 
@@ -20,7 +19,7 @@ struct AdminState {
 pub async fn serve(
     addr: SocketAddr,
     metrics: Metrics,
-    ready: Arc<AtomicBool>,
+    ready: Readiness,
     progress: Progress,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
@@ -52,10 +51,9 @@ async fn healthz(State(s): State<AdminState>) -> (StatusCode, String) {
     }
 }
 
-async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
+    match s.ready.check() {
+        Ok(()) => (StatusCode::OK, "ok".into()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }

@@ -7,6 +7,7 @@ pub mod fence_config;
 pub mod heap_trim;
 pub mod namespace_clients;
 pub mod packing;
+pub mod readiness;
 pub mod token_identity;
 pub mod wire_fence;
 
@@ -14,6 +15,7 @@ use kube::runtime::events::Reporter;
 use kube::{Client, Config};
 
 use clients::{ClientError, Clients, Protocol};
+use readiness::Readiness;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -271,13 +273,20 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     let client = clients.client()?;
     let metrics = Metrics::new()?;
     let ready = Arc::new(AtomicBool::new(false));
+    // A sharded replica's share of the shards (tenancy mode; none in single-namespace mode).
+    let share = Arc::new(AtomicBool::new(false));
+    let readiness = Readiness {
+        work: ready.clone(),
+        share: settings.namespace.is_none().then(|| share.clone()),
+        apps: metrics.app_index().clone(),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
 
     let (addr, admin) =
-        admin::serve(settings.admin_addr, metrics.clone(), ready.clone(), progress.clone(), stopped(stop_rx.clone()))
+        admin::serve(settings.admin_addr, metrics.clone(), readiness, progress.clone(), stopped(stop_rx.clone()))
             .await
             .map_err(|source| OperatorError::Admin { addr: settings.admin_addr, source })?;
     info!(%addr, replica = settings.replica_id, "admin server listening (/metrics, /healthz, /readyz)");
@@ -355,6 +364,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                         held_tx,
                         working_rx,
                         ready: ready.clone(),
+                        share,
                         progress: progress.clone(),
                     },
                     metrics.clone(),

@@ -29,7 +29,7 @@ use super::leases::{
     LABEL_FULL, LABEL_SHARDS, LeaseError, Leases, acquired_at, acquisition_stamp, holder, is_member, shard_lease_name,
     shard_of_lease,
 };
-use super::plan::{ExpiryTracker, View, plan};
+use super::plan::{ExpiryTracker, View, fair_share, has_its_share, plan};
 use super::stuck::Progress;
 use super::wake::{Hearing, Observed, watch_leases};
 use crate::telemetry::Metrics;
@@ -99,6 +99,10 @@ pub struct ShardChannels {
     /// then it neither announces itself nor takes shards, so that a replica that cannot work
     /// never holds shards its peers could serve.
     pub ready: Arc<AtomicBool>,
+    /// Turns true once this replica has taken its share of the shards (`plan::has_its_share`):
+    /// part of its readiness, so that a rolling upgrade does not stop the next replica while
+    /// this one has yet to take over its part of the work.
+    pub share: Arc<AtomicBool>,
     /// Whether the replica's work makes progress. A stuck replica stops renewing (its peers
     /// take its shards once the Leases expire), stops announcing itself and takes nothing.
     pub progress: Progress,
@@ -243,7 +247,7 @@ pub async fn run_shard_manager(
     metrics: Metrics,
     shutdown: watch::Receiver<bool>,
 ) {
-    let ShardChannels { fence, held_tx, mut working_rx, ready, progress } = channels;
+    let ShardChannels { fence, held_tx, mut working_rx, ready, share, progress } = channels;
     metrics.shards_configured(settings.shards);
     let wake = Arc::new(Notify::new());
     let (observed_tx, observed_rx) = tokio::sync::mpsc::channel(OBSERVED_IN_FLIGHT);
@@ -269,7 +273,7 @@ pub async fn run_shard_manager(
             hearing: hearing.clone(),
         },
         &working_rx,
-        ready,
+        (ready, share),
         progress,
         (wake, observed_rx, shutdown.clone()),
     );
@@ -319,8 +323,12 @@ pub async fn run_shard_manager(
 }
 
 /// How long a newly served namespace's App cache is waited for before more shards are taken
-/// under a memory budget (one that does not list by then, for want of rights, is not).
-const CACHES_FILL_WITHIN: Duration = Duration::from_secs(30);
+/// under a memory budget, and by readiness (one that does not list by then, for want of
+/// rights, is not).
+pub const CACHES_FILL_WITHIN: Duration = Duration::from_secs(30);
+/// How long after joining a replica that has not got its share of the shards is counted
+/// ready anyway (`plan::has_its_share`).
+const SHARE_WITHIN: Duration = Duration::from_secs(30);
 /// The shortest lateness of the loop counted as a pause of the process (with a short renew
 /// interval, scheduling delays under load are not pauses).
 const MIN_PAUSE: Duration = Duration::from_secs(1);
@@ -601,7 +609,7 @@ struct Balancer {
 async fn balance_loop(
     b: Balancer,
     working_rx: &watch::Receiver<BTreeSet<u32>>,
-    ready: Arc<AtomicBool>,
+    (ready, share): (Arc<AtomicBool>, Arc<AtomicBool>),
     progress: Progress,
     (wake, mut observed, mut shutdown): (Arc<Notify>, tokio::sync::mpsc::Receiver<Observed>, watch::Receiver<bool>),
 ) -> HandBacks {
@@ -628,6 +636,8 @@ async fn balance_loop(
     let mut strangers = Strangers::default();
     // Rounds in a row whose acquisitions lost a race (`look_again`).
     let mut lost_in_a_row: u32 = 0;
+    // Since when its own membership Lease has been seen live (its share, for readiness).
+    let mut member_since: Option<Instant> = None;
     loop {
         // A round slower than the retry period is followed by the next at once; the timer is
         // not late for it.
@@ -937,6 +947,19 @@ async fn balance_loop(
                 }
             })
             .await;
+        if live.contains(&me) {
+            member_since.get_or_insert(now);
+        }
+        if !share.load(Ordering::SeqCst) {
+            let fair = fair_share(&me, settings.shards, &live, &full);
+            // Shards its id holds in another process's hands count: that is a twin's share.
+            let holds = holdings.shards().len() + strange.len();
+            let member_for = member_since.map(|t| t.elapsed());
+            if has_its_share(member_for, holds, fair, me_full, SHARE_WITHIN) {
+                share.store(true, Ordering::SeqCst);
+                info!(holds, fair, member_for = ?member_for.unwrap_or_default(), "holds its share of the shards");
+            }
+        }
         lost_in_a_row = if lost.load(Ordering::Relaxed) { lost_in_a_row.saturating_add(1) } else { 0 };
         let now = tokio::time::Instant::now();
         let (planned, soon) = (next_round.saturating_duration_since(now), soon().saturating_duration_since(now));

@@ -121,6 +121,19 @@ pub fn fair_share(replica: &str, shards: u32, live: &BTreeSet<String>, full: &BT
     base + usize::from(rank < extra)
 }
 
+/// Whether a replica has taken its share of the shards, as its readiness means it: it is a
+/// live member and holds (or its id holds: a twin's view) at least its fair share, or it is
+/// at its memory budget and may take no more, or it has been a member for `wait` and
+/// still has not (peers that do not hand back, a shard count that does not match: a rolling
+/// upgrade must not wait for it for ever). `member_for` is `None` until its membership Lease
+/// is seen live. Pure.
+pub fn has_its_share(member_for: Option<Duration>, holds: usize, fair: usize, full: bool, wait: Duration) -> bool {
+    match member_for {
+        None => false,
+        Some(d) => holds >= fair || full || d >= wait,
+    }
+}
+
 /// How much `replica` prefers `shard`: a rendezvous hash, so that replicas racing for free
 /// shards mostly go for different ones, and a replica gives back the ones it likes least.
 fn preference(replica: &str, shard: u32) -> u64 {
@@ -327,6 +340,29 @@ mod tests {
         assert_eq!(view("b", "a", &none), 11);
         // The full replica itself takes nothing, whatever is free.
         assert_eq!(view("a", "", &BTreeMap::from([("a".to_string(), 0)])), 0);
+    }
+
+    #[test]
+    fn a_replica_has_its_share_once_it_holds_it_is_full_or_has_waited() {
+        let (s, wait) = (Duration::from_secs, Duration::from_secs(30));
+        // (member for, holds, fair share, full) -> has its share
+        let table = [
+            (None, 32, 11, false, false), // not a member yet: peers do not count it
+            (Some(s(1)), 0, 11, false, false),
+            (Some(s(1)), 10, 11, false, false),
+            (Some(s(1)), 11, 11, false, true),
+            (Some(s(1)), 12, 11, false, true), // more than its share, until it hands back
+            (Some(s(1)), 2, 11, true, true),   // at its memory budget: it takes no more
+            (Some(s(29)), 0, 11, false, false),
+            (Some(s(30)), 0, 11, false, true), // waited long enough
+        ];
+        for (member_for, holds, fair, full, want) in table {
+            assert_eq!(
+                has_its_share(member_for, holds, fair, full, wait),
+                want,
+                "{member_for:?} {holds} {fair} {full}"
+            );
+        }
     }
 
     #[test]

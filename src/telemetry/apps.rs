@@ -9,13 +9,19 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{GaugeVec, IntGaugeVec, Opts};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::api::{App, AppPhase, AppStatus};
 use crate::watch_cache::Compact;
 
-/// A namespace's App cache, and when it was registered.
-type Registered = (Store<Compact<App>>, std::time::Instant);
+/// A namespace's App cache, when it was registered, and whether all of the namespace's
+/// caches (Apps, Deployments, Services) have had their first list.
+struct Registered {
+    store: Store<Compact<App>>,
+    since: std::time::Instant,
+    caches_synced: Arc<AtomicBool>,
+}
 
 /// The App caches of the namespaces served here, by namespace.
 #[derive(Clone, Default)]
@@ -38,13 +44,26 @@ impl Drop for Registration {
 
 impl AppIndex {
     /// Adds the App cache of `namespace` (`""` for a cluster-wide cache) until the returned
-    /// registration is dropped.
-    pub fn register(&self, namespace: &str, store: Store<Compact<App>>) -> Registration {
+    /// registration is dropped; `caches_synced` turns true once all of the namespace's
+    /// caches have listed.
+    pub fn register(
+        &self,
+        namespace: &str,
+        store: Store<Compact<App>>,
+        caches_synced: Arc<AtomicBool>,
+    ) -> Registration {
         self.stores
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(namespace.to_string(), (store, std::time::Instant::now()));
+            .insert(namespace.to_string(), Registered { store, since: std::time::Instant::now(), caches_synced });
         Registration { index: self.clone(), namespace: namespace.to_string() }
+    }
+
+    /// How many served namespaces, registered less than `within` ago, have caches still
+    /// filling (Apps, Deployments or Services not listed yet). Readiness waits for them.
+    pub fn caches_filling(&self, within: std::time::Duration) -> usize {
+        let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
+        stores.values().filter(|r| r.since.elapsed() < within && !r.caches_synced.load(Ordering::SeqCst)).count()
     }
 
     /// How many served namespaces' App caches, registered less than `within` ago, have not
@@ -55,14 +74,14 @@ impl AppIndex {
         let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
         stores
             .values()
-            .filter(|(s, since)| since.elapsed() < within && s.wait_until_ready().now_or_never().is_none())
+            .filter(|r| r.since.elapsed() < within && r.store.wait_until_ready().now_or_never().is_none())
             .count()
     }
 
     /// How many Apps the served namespaces' caches hold.
     pub fn count(&self) -> usize {
         let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
-        stores.values().map(|(s, _)| s.state().len()).sum()
+        stores.values().map(|r| r.store.state().len()).sum()
     }
 
     /// Every served App's (namespace, name, status).
@@ -77,7 +96,7 @@ impl AppIndex {
         // a namespace's controller as it starts or stops (both take the lock to write).
         let apps: Vec<_> = {
             let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
-            stores.values().flat_map(|(store, _)| store.state()).collect()
+            stores.values().flat_map(|r| r.store.state()).collect()
         };
         apps.iter()
             .map(|obj| {
