@@ -1,6 +1,7 @@
 //! Watch-fed caches with a "synced" flag that any number of tasks can wait on.
 
 pub mod compact;
+pub mod start_mark;
 mod streamed;
 pub mod streaming_lists;
 

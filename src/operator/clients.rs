@@ -159,6 +159,9 @@ impl Clients {
         let auth = config.auth_layer().map_err(ClientError::Auth)?;
         let headers = config.extra_headers_layer().map_err(ClientError::Headers)?;
         let service = ServiceBuilder::new()
+            // A mark before each streamed initial state's events, so that a cache knows when
+            // one starts again (`watch_cache::start_mark`).
+            .layer(crate::watch_cache::start_mark::StartMarkLayer)
             // A streamed initial state as of now, not of any time (kube-runtime's ask).
             .map_request(crate::watch_cache::streaming_lists::as_of_now::<Body>)
             .layer(config.base_uri_layer())

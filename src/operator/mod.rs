@@ -15,7 +15,8 @@ use kube::runtime::events::Reporter;
 use kube::{Client, Config};
 
 use clients::{ClientError, Clients, Protocol};
-use readiness::Readiness;
+use readiness::{Readiness, Started};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,7 +36,7 @@ use crate::sharding::stuck::{Progress, watch_progress};
 use crate::telemetry::Metrics;
 use crate::tenancy::OperatorIdentity;
 use crate::tenancy::controller::{TenantSettings, tenant_controller};
-use crate::tenancy::served::{ServedChannels, ServedConnections};
+use crate::tenancy::served::{Ownership, ServedChannels, ServedConnections};
 use crate::webhook::WebhookSettings;
 use namespace_clients::NamespaceClients;
 use std::time::Duration;
@@ -273,12 +274,20 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
     let client = clients.client()?;
     let metrics = Metrics::new()?;
     let ready = Arc::new(AtomicBool::new(false));
-    // A sharded replica's share of the shards (tenancy mode; none in single-namespace mode).
+    // A sharded replica's share of the shards (tenancy mode; none in single-namespace mode):
+    // the shards the manager holds, and those whose namespaces the supervisor has started.
     let share = Arc::new(AtomicBool::new(false));
+    let (held_tx, held_rx) = watch::channel(BTreeSet::new());
+    let (ownership_tx, ownership_rx) = watch::channel(Ownership::default());
+    let started: Started = {
+        let (held, ownership) = (held_rx.clone(), ownership_rx.clone());
+        Arc::new(move || *held.borrow() == ownership.borrow().held)
+    };
     let readiness = Readiness {
         work: ready.clone(),
-        share: settings.namespace.is_none().then(|| share.clone()),
+        share: settings.namespace.is_none().then(|| (share.clone(), started)),
         apps: metrics.app_index().clone(),
+        was_ready: Arc::default(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
@@ -337,9 +346,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         // Tenancy mode, sharded: the singleton replica onboards Tenants; every replica serves
         // the onboarded namespaces of the shards it holds and explains the rest.
         None => {
-            let (held_tx, held_rx) = watch::channel(Default::default());
             let (working_tx, working_rx) = watch::channel(Default::default());
-            let (ownership_tx, ownership_rx) = watch::channel(Default::default());
             let fence = Fence::new(settings.sharding.shards, settings.sharding.renew_deadline);
             // Everything written in served namespaces (App controllers, the guard) goes through
             // clients that look at the fence again when each write leaves. The Tenant

@@ -127,6 +127,9 @@ struct Holdings {
     /// Wakes the balance round: a shard this replica lost is its own stale Lease, taken back
     /// (with compare-and-swap) at the next round.
     wake: Arc<Notify>,
+    /// True once this process has written its membership Lease (a Lease in its name left by
+    /// the process before a restart does not make it a member).
+    announced: Arc<AtomicBool>,
 }
 
 impl Holdings {
@@ -251,8 +254,14 @@ pub async fn run_shard_manager(
     metrics.shards_configured(settings.shards);
     let wake = Arc::new(Notify::new());
     let (observed_tx, observed_rx) = tokio::sync::mpsc::channel(OBSERVED_IN_FLIGHT);
-    let holdings =
-        Holdings { held: Arc::default(), left: Arc::default(), tx: Arc::new(held_tx), fence, wake: wake.clone() };
+    let holdings = Holdings {
+        held: Arc::default(),
+        left: Arc::default(),
+        tx: Arc::new(held_tx),
+        fence,
+        wake: wake.clone(),
+        announced: Arc::default(),
+    };
     let hearing = Hearing::new(Instant::now());
     let renewing = renew_loop(
         leases.clone(),
@@ -418,6 +427,7 @@ async fn renew_loop(
                             progress.control_answered();
                             membership = Some(l);
                             membership_renewed = Some(Instant::now());
+                            holdings.announced.store(true, Ordering::SeqCst);
                         }
                         Ok(None) => membership = None,
                         Err(e) => {
@@ -784,6 +794,8 @@ async fn balance_loop(
         let releasing: BTreeSet<u32> = handed.values().flatten().copied().collect();
         // Shards in this replica's name that another process acquired, this round.
         let mut strange = BTreeSet::new();
+        // Of those, the ones another live process renews (a twin under the same id).
+        let mut twin_held = BTreeSet::new();
         let settled = now.duration_since(start) > settings.lease_duration;
         let mut own_stale = BTreeSet::new();
         let mut others: BTreeMap<String, usize> = BTreeMap::new();
@@ -799,8 +811,9 @@ async fn balance_loop(
                     // Taken under this replica's id by another process: like any other
                     // holder's, free only once unchanged for a lease duration.
                     strange.insert(shard);
-                    if settled {
-                        strangers.saw(shard, lease.and_then(|l| l.metadata.resource_version.as_deref()), &me);
+                    if settled && strangers.saw(shard, lease.and_then(|l| l.metadata.resource_version.as_deref()), &me)
+                    {
+                        twin_held.insert(shard);
                     }
                 }
                 Some(h)
@@ -947,13 +960,16 @@ async fn balance_loop(
                 }
             })
             .await;
-        if live.contains(&me) {
+        // A member once this process has announced itself and the peers can see it (its
+        // work ready: the membership is written only then).
+        if live.contains(&me) && holdings.announced.load(Ordering::SeqCst) && ready.load(Ordering::SeqCst) {
             member_since.get_or_insert(now);
         }
         if !share.load(Ordering::SeqCst) {
             let fair = fair_share(&me, settings.shards, &live, &full);
-            // Shards its id holds in another process's hands count: that is a twin's share.
-            let holds = holdings.shards().len() + strange.len();
+            // Shards a live twin under the same id renews count: that is the id's share. Ones
+            // only left in its name (by the process before a restart) do not.
+            let holds = holdings.shards().union(&twin_held).count();
             let member_for = member_since.map(|t| t.elapsed());
             if has_its_share(member_for, holds, fair, me_full, SHARE_WITHIN) {
                 share.store(true, Ordering::SeqCst);
@@ -1018,6 +1034,7 @@ mod tests {
             tx: Arc::new(tx),
             fence: Fence::new(32, Duration::from_secs(4)),
             wake: Arc::default(),
+            announced: Arc::default(),
         };
         let now = Instant::now();
         let (mine, before, twin) =

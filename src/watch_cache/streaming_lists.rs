@@ -164,13 +164,15 @@ where
     if !streamed {
         return watcher(api, paged).boxed();
     }
-    let streaming = reset_on_restart(watcher(api.clone(), paged.clone().streaming_lists())).take_while(|event| {
-        let go_on = !matches!(event, Err(e) if refused(e));
-        if !go_on {
-            warn!("the apiserver no longer streams initial states (WatchList); listing in pages from now on");
-        }
-        std::future::ready(go_on)
-    });
+    let is_mark = |obj: &K| super::start_mark::is_start_mark(obj.meta());
+    let streaming =
+        reset_on_restart(watcher(api.clone(), paged.clone().streaming_lists()), is_mark).take_while(|event| {
+            let go_on = !matches!(event, Err(e) if refused(e));
+            if !go_on {
+                warn!("the apiserver no longer streams initial states (WatchList); listing in pages from now on");
+            }
+            std::future::ready(go_on)
+        });
     let then_paged = futures::stream::once(async move { watcher(api, paged) }).flatten();
     streaming.chain(then_paged).boxed()
 }
@@ -189,23 +191,34 @@ fn starts_over(error: &watcher::Error) -> bool {
 
 /// kube-runtime's streamed watch sends no `Init` when it starts an initial state again, so a
 /// cache's buffer would keep what a cut-short one sent: an object deleted meanwhile would stay
-/// in the cache. This sends `Init` before the first object (or end) of every initial state
-/// that surely starts anew: the first, one after the last ended, and one after an error that
-/// makes kube-runtime start over (410 Gone, a watch that could not start). After other errors
-/// kube-runtime reads on from the same stream (a line that did not decode, a read error), and
-/// an `Init` there would throw away what that stream already sent: a cache that then swaps
-/// in part of its objects, or none, as synced. So those send none; a stream that ends after
-/// them, or without any error, and starts again is not told apart (an object deleted in
-/// between would stay in the cache until the next full read).
+/// in the cache. This sends `Init` at the start of every initial state:
+/// - where the replica's clients mark each streamed initial state (`start_mark`, `is_mark`
+///   knows the mark): after each mark, which it drops, before the state's first object or
+///   end. Exact, whatever ended the state before: an error, or a stream that ended without
+///   one;
+/// - before the first object (or end) of the first initial state, of one after the last
+///   ended, and of one after an error that makes kube-runtime start over (410 Gone, a watch
+///   that could not start): for a stream without marks.
+///
+/// After other errors kube-runtime reads on from the same stream (a line that did not decode,
+/// a read error), and an `Init` there would throw away what that stream already sent: a cache
+/// that then swaps in part of its objects, or none, as synced. So those send none.
 pub fn reset_on_restart<K>(
     events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+    is_mark: fn(&K) -> bool,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
 where
     K: Send + 'static,
 {
     events
-        .scan(true, |fresh, event| {
+        .scan(true, move |fresh, event| {
             let out = match event {
+                // Held back until the state's first object or end: an answer that fails before
+                // either yields no `Ok` of its own, so kube's watch backoff still grows.
+                Ok(watcher::Event::InitApply(obj)) if is_mark(&obj) => {
+                    *fresh = true;
+                    Vec::new()
+                }
                 Ok(e @ (watcher::Event::InitApply(_) | watcher::Event::InitDone)) => {
                     let ends = matches!(e, watcher::Event::InitDone);
                     let init = std::mem::replace(fresh, ends);
@@ -259,7 +272,10 @@ mod tests {
     }
 
     fn init_events(events: Vec<watcher::Result<watcher::Event<u32>>>) -> Vec<String> {
-        let out = futures::executor::block_on(reset_on_restart(futures::stream::iter(events)).collect::<Vec<_>>());
+        // 0 stands for the mark.
+        let out = futures::executor::block_on(
+            reset_on_restart(futures::stream::iter(events), |n| *n == 0).collect::<Vec<_>>(),
+        );
         out.into_iter()
             .map(|e| match e {
                 Ok(watcher::Event::Init) => "init".to_string(),
@@ -302,6 +318,34 @@ mod tests {
         assert_eq!(
             init_events(vec![Ok(InitDone), Ok(Apply(1)), gone(), Ok(InitApply(1)), Ok(InitDone)]),
             ["init", "done", "a1", "err", "init", "i1", "done"]
+        );
+        // Marked: each mark starts the state anew, also after a stream that ended without an
+        // error (kube-runtime then just watches again); the mark itself is dropped.
+        assert_eq!(
+            init_events(vec![Ok(InitApply(0)), Ok(InitApply(1)), Ok(InitApply(0)), Ok(InitApply(2)), Ok(InitDone)]),
+            ["init", "i1", "init", "i2", "done"]
+        );
+        assert_eq!(
+            init_events(vec![
+                Ok(InitApply(0)),
+                Ok(InitApply(1)),
+                gone(),
+                Ok(InitApply(0)),
+                Ok(InitApply(2)),
+                Ok(InitDone)
+            ]),
+            ["init", "i1", "err", "init", "i2", "done"]
+        );
+        assert_eq!(
+            init_events(vec![Ok(InitApply(0)), Ok(InitApply(1)), line(), Ok(InitApply(2)), Ok(InitDone)]),
+            ["init", "i1", "err", "i2", "done"],
+            "read on after an error: no new mark, no Init"
+        );
+        // A watch that fails after its mark, before any object, yields its error first (kube's
+        // backoff grows on errors and starts over on anything else).
+        assert_eq!(
+            init_events(vec![Ok(InitApply(0)), line(), Ok(InitApply(0)), Ok(InitDone)]),
+            ["err", "init", "done"]
         );
         // Listed in pages (kube-runtime sends Init itself): not sent twice.
         assert_eq!(init_events(vec![Ok(watcher::Event::Init), Ok(InitApply(1)), Ok(InitDone)]), ["init", "i1", "done"]);
