@@ -246,6 +246,15 @@ impl OnDemand {
         settled != Demand::Started || synced(&self.synced).await
     }
 
+    /// What `ready` would answer at once, without waiting: starts the watch if `need`.
+    pub fn ready_now(&self, need: bool) -> bool {
+        if need {
+            self.start();
+        }
+        let demand = *self.demand.borrow();
+        demand != Demand::Unknown && (demand != Demand::Started || *self.synced.borrow())
+    }
+
     /// Starts the watch; a no-op when it runs.
     pub fn start(&self) {
         self.demand.send_if_modified(|d| {

@@ -137,6 +137,15 @@ impl Context {
         self.hpa_watch.ready(needs.hpas).await && self.config_map_watch.ready(needs.config_maps).await
     }
 
+    /// Whether the caches are synced now, as `wait_for_caches` would find them without
+    /// waiting; starts the on-demand ones `needs` asks for (both, whatever the first says).
+    pub fn caches_synced_now(&self, needs: Needs) -> bool {
+        let listed = self.synced.iter().all(|flag| *flag.borrow());
+        let hpas = self.hpa_watch.ready_now(needs.hpas);
+        let config_maps = self.config_map_watch.ready_now(needs.config_maps);
+        listed && hpas && config_maps
+    }
+
     /// Like `wait_for_caches`, but gives up after `limit`; false when the caches are not synced.
     pub async fn caches_synced_within(&self, limit: std::time::Duration, needs: Needs) -> bool {
         tokio::time::timeout(limit, self.wait_for_caches(needs)).await.unwrap_or(false)

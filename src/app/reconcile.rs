@@ -49,6 +49,9 @@ const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
 
 /// How long a reconcile waits for the namespace's caches before it reports and backs off.
 const CACHE_SYNC_LIMIT: Duration = Duration::from_secs(30);
+/// How soon a reconcile that started a cache watched on demand looks again (and then waits
+/// for its list before it takes a slot).
+const ON_DEMAND_LISTING: Duration = Duration::from_millis(200);
 
 /// Controller name used in metrics and Events.
 pub const CONTROLLER: &str = "app";
@@ -145,8 +148,13 @@ async fn reconcile_app(
         hpas: app.spec.autoscaling.is_some() || hpa_left,
         config_maps: app.spec.template.as_ref().is_some_and(|t| !config::config_maps_of(t).is_empty()),
     };
-    if !ctx.caches_synced_within(CACHE_SYNC_LIMIT, needs).await {
-        return Err(ReconcileError::CachesNotSynced { namespace, after: CACHE_SYNC_LIMIT });
+    // The caches watched on demand (HPAs, ConfigMaps) start when an App first needs them.
+    // Not listed yet, they are waited for by the next attempt, before it takes a slot
+    // (`reconcile`): waiting here would hold this slot and the parsed App while a namespace's
+    // ConfigMaps list, and a tenant's Apps could keep every slot of the replica so.
+    if !ctx.caches_synced_now(needs) {
+        debug!(namespace, app = name, "caches watched on demand are listing: looking again once they have");
+        return Ok(Action::requeue(ON_DEMAND_LISTING));
     }
     let fenced = || ReconcileError::Fenced { namespace: namespace.clone() };
     if ctx.cache_behind(&namespace, &name, app.status.as_ref()) {
@@ -1195,6 +1203,64 @@ mod tests {
         assert!(!waiting.is_finished(), "the reconcile waits for the caches");
         assert_eq!(slots.available_permits(), 1, "the waiting reconcile holds no slot");
         waiting.abort();
+    }
+
+    /// An App whose template reads a ConfigMap, in a namespace whose Deployments and Services
+    /// have listed but whose ConfigMaps are not watched yet: its reconcile starts their watch
+    /// and looks again soon, instead of waiting for their list in its slot.
+    #[tokio::test]
+    async fn a_reconcile_does_not_wait_in_its_slot_for_a_cache_watched_on_demand() {
+        use crate::app::context::Caches;
+        use crate::watch_cache::{Demand, on_demand, synced_flag};
+        use futures::StreamExt;
+        use kube::runtime::reflector::store::Writer;
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
+        let (listed_tx, listed) = tokio::sync::watch::channel(true);
+        // Caches watched on demand, idle, whose lists never end once started (their flags'
+        // senders kept, never set).
+        let mut flags = Vec::new();
+        let mut idle = || {
+            let (never_tx, never) = synced_flag();
+            flags.push(never_tx);
+            let (watch, _events) = on_demand(|| futures::stream::pending::<Result<u32, _>>().boxed(), never, None);
+            watch
+        };
+        let config_map_watch = idle();
+        let hpa_watch = idle();
+        let caches = Caches {
+            deployments: Writer::default().as_reader(),
+            hpas: Writer::default().as_reader(),
+            services: Writer::default().as_reader(),
+            config_maps: Writer::default().as_reader(),
+            synced: vec![listed],
+            hpa_watch,
+            config_map_watch: config_map_watch.clone(),
+        };
+        let mut ctx = Context::new(
+            client.clone(),
+            crate::telemetry::events::EventWriter::new(client, reporter),
+            crate::telemetry::Metrics::new().expect("metrics"),
+            caches,
+            crate::rollout::Analyzer::new(None, Default::default()).expect("an analyzer"),
+        );
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        ctx.slots = Some(slots.clone());
+        let app: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "resourceVersion": "1", "generation": 1},
+            "spec": {"image": "registry.example.com/web", "version": "1", "template": {"spec": {"containers": [
+                {"name": "app", "envFrom": [{"configMapRef": {"name": "settings"}}]}]}}}
+        }))
+        .expect("an App");
+        let answer =
+            tokio::time::timeout(Duration::from_secs(2), reconcile(Arc::new(Compact::of(app)), Arc::new(ctx))).await;
+        let action = answer.expect("answered without waiting for the ConfigMaps' list").expect("no error");
+        assert_eq!(action, Action::requeue(ON_DEMAND_LISTING));
+        assert_eq!(config_map_watch.demand(), Demand::Started, "the ConfigMaps' watch started");
+        assert_eq!(slots.available_permits(), 1);
+        drop((listed_tx, flags));
     }
 
     #[test]
