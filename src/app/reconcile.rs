@@ -1173,19 +1173,30 @@ mod tests {
         std::mem::size_of::<F>()
     }
 
+    /// What a controller's context is made of, with a client of an address nothing answers
+    /// at (the tests below send no request).
+    fn offline()
+    -> (kube::Client, crate::telemetry::events::EventWriter, crate::telemetry::Metrics, crate::rollout::Analyzer) {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
+        let events = crate::telemetry::events::EventWriter::new(client.clone(), reporter);
+        let metrics = crate::telemetry::Metrics::new().expect("metrics");
+        let analyzer = crate::rollout::Analyzer::new(None, Default::default()).expect("an analyzer");
+        (client, events, metrics, analyzer)
+    }
+
     /// A reconcile of a namespace whose caches are still listing (a replica taking over
     /// hundreds) waits without a slot: the slots stay free for the namespaces that can work.
     #[tokio::test]
     async fn a_reconcile_waits_for_its_namespaces_caches_without_taking_a_slot() {
         use crate::app::controller::{Scope, Shared, context};
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
-        let client = kube::Client::try_from(config).expect("a client");
-        let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
+        let (client, events, metrics, analyzer) = offline();
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
         let shared = Shared {
-            events: crate::telemetry::events::EventWriter::new(client.clone(), reporter),
-            metrics: crate::telemetry::Metrics::new().expect("metrics"),
-            analyzer: crate::rollout::Analyzer::new(None, Default::default()).expect("an analyzer"),
+            events,
+            metrics,
+            analyzer,
             slots: Some(slots.clone()),
             pod_policy: Arc::default(),
             streaming_lists: false,
@@ -1214,9 +1225,7 @@ mod tests {
         use crate::watch_cache::{Demand, on_demand, synced_flag};
         use futures::StreamExt;
         use kube::runtime::reflector::store::Writer;
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
-        let client = kube::Client::try_from(config).expect("a client");
-        let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
+        let (client, events, metrics, analyzer) = offline();
         let (listed_tx, listed) = tokio::sync::watch::channel(true);
         // Caches watched on demand, idle, whose lists never end once started (their flags'
         // senders kept, never set).
@@ -1238,13 +1247,7 @@ mod tests {
             hpa_watch,
             config_map_watch: config_map_watch.clone(),
         };
-        let mut ctx = Context::new(
-            client.clone(),
-            crate::telemetry::events::EventWriter::new(client, reporter),
-            crate::telemetry::Metrics::new().expect("metrics"),
-            caches,
-            crate::rollout::Analyzer::new(None, Default::default()).expect("an analyzer"),
-        );
+        let mut ctx = Context::new(client, events, metrics, caches, analyzer);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
         ctx.slots = Some(slots.clone());
         let app: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({

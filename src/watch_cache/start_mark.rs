@@ -32,7 +32,7 @@ pub fn is_start_mark(meta: &ObjectMeta) -> bool {
 }
 
 /// Whether `request` asks for a streamed initial state.
-fn asks_for_initial_state<B>(request: &Request<B>) -> bool {
+pub(super) fn asks_for_initial_state<B>(request: &Request<B>) -> bool {
     request.uri().query().is_some_and(|q| q.split('&').any(|p| p == "sendInitialEvents=true"))
 }
 

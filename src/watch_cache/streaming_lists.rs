@@ -121,8 +121,7 @@ where
 /// last writes (a rollback it made, for one). Other requests pass unchanged. Pure.
 pub fn as_of_now<B>(mut request: http::Request<B>) -> http::Request<B> {
     let Some(query) = request.uri().query() else { return request };
-    let streamed = query.split('&').any(|p| p == "sendInitialEvents=true");
-    if !streamed || !query.split('&').any(|p| p == "resourceVersion=0") {
+    if !super::start_mark::asks_for_initial_state(&request) || !query.split('&').any(|p| p == "resourceVersion=0") {
         return request;
     }
     let kept: Vec<&str> = query.split('&').filter(|p| *p != "resourceVersion=0").collect();
