@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The operator's image, built on this machine without a registry and loaded into the real
 # node's containerd (hack/real-node.sh), for the in-cluster tests and anyone trying the chart
-# locally. The Dockerfile stays the production definition (a static musl build on distroless);
-# it needs a registry for its base images, which these machines cannot reach.
+# locally. The Dockerfile stays the production definition (the same glibc build on distroless
+# `cc`); it needs a registry for its base images, which these machines cannot reach.
 #
 #   hack/build-image.sh BINARY [CLUSTER]   prints the image reference, localhost/flotilla:<tag>
 #

@@ -61,6 +61,16 @@ else
   cat "$out/all" >>"$out/q$last"
 fi
 
+# keep_logs NAME T0: the operators' logs that a failed binary's run wrote (the next run of the
+# same test overwrites them), copied out of the temp dir to a directory named on stderr.
+keep_logs() {
+  local dir
+  dir=${FLOTILLA_CACHE:-$HOME/.cache/flotilla}/failed-tests/$(date -u +%Y%m%dT%H%M%SZ)-$1
+  mkdir -p "$dir"
+  find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'flotilla-e2e-*.log' -newermt "@$2" -exec cp {} "$dir/" \; 2>/dev/null || true
+  echo "$1 failed: the operators' logs of its run are kept in $dir" >&2
+}
+
 run_queue() { # run_queue FILE: each binary in turn; its output printed when it ends
   local name exe t0 rc
   while read -r name exe; do
@@ -74,7 +84,7 @@ run_queue() { # run_queue FILE: each binary in turn; its output printed when it 
     } >"$out/$name.block"
     # One block at a time on stdout, whichever queue ends first.
     flock "$out/print.lock" cat "$out/$name.block"
-    [ "$rc" = 0 ] || echo "$name" >>"$out/failed"
+    [ "$rc" = 0 ] || { echo "$name" >>"$out/failed"; keep_logs "$name" "$t0"; }
   done <"$1"
 }
 

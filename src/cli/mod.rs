@@ -220,7 +220,7 @@ pub struct RunArgs {
     #[arg(long, env = "FLOTILLA_STUCK_AFTER", default_value = "60s", value_parser = parse_duration)]
     pub stuck_after: std::time::Duration,
     /// How often the heap's free pages are given back to the system (builds linked against
-    /// glibc; the image's static musl build ignores it). Without it, glibc keeps the pages a
+    /// glibc, the image's among them; others ignore it). Without it, glibc keeps the pages a
     /// burst of work freed. At least 1s; 0s turns it off.
     #[arg(long, env = "FLOTILLA_HEAP_TRIM_INTERVAL", default_value = "10s", value_parser = parse_trim_interval)]
     pub heap_trim_interval: std::time::Duration,
