@@ -1,9 +1,11 @@
 //! Watch-fed caches with a "synced" flag that any number of tasks can wait on.
 
 pub mod compact;
+pub mod list_watch;
 pub mod start_mark;
 mod streamed;
 pub mod streaming_lists;
+pub mod watch_lines;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use kube::Resource;
@@ -115,7 +117,8 @@ where
     let writer = reflector::store::Writer::new(dyntype);
     let reader = writer.as_reader();
     let (synced_tx, synced_rx) = synced_flag();
-    let make = move || fill(watcher(api, config).default_backoff().modify(modify), writer, synced_tx).boxed();
+    let make =
+        move || fill(list_watch::events(api, config).default_backoff().modify(modify), writer, synced_tx).boxed();
     (reader, synced_rx, make)
 }
 
@@ -168,7 +171,7 @@ where
     W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     K: Resource<DynamicType = ()> + 'static,
 {
-    compact_cache_of(watcher(api, config), compact)
+    compact_cache_of(list_watch::events(api, config), compact)
 }
 
 /// Like `compact_cache`, filled from `events` (a watcher's stream).
@@ -223,7 +226,7 @@ pub enum Demand {
 
 /// A cache whose watch starts only once something needs it: most namespaces have no App
 /// that autoscales or reads a ConfigMap, and every watch costs a connection's stream, its
-/// decode buffer (8 KiB inside kube) and a list at every start and failover.
+/// state (`list_watch`) and a list at every start and failover.
 #[derive(Clone, Debug)]
 pub struct OnDemand {
     demand: std::sync::Arc<watch::Sender<Demand>>,

@@ -183,8 +183,8 @@ pub const LIST_PAGE: u32 = 50;
 pub const APP_LIST_PAGE: u32 = 20;
 
 /// How a watch of objects whose writers choose their size (Apps, ConfigMaps) reads when not
-/// streamed: in pages of `APP_LIST_PAGE`. (Its watches end after kube's 290 s and resume,
-/// which gives back a read buffer grown to the largest object of its namespace.)
+/// streamed: in pages of `APP_LIST_PAGE`. (Its watch keeps no read buffer between events:
+/// `watch_cache::watch_lines`.)
 fn tenant_sized() -> watcher::Config {
     watcher::Config::default().page_size(APP_LIST_PAGE)
 }

@@ -161,18 +161,18 @@ where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     if !streamed {
-        return watcher(api, paged).boxed();
+        return super::list_watch::events(api, paged).boxed();
     }
     let is_mark = |obj: &K| super::start_mark::is_start_mark(obj.meta());
-    let streaming =
-        reset_on_restart(watcher(api.clone(), paged.clone().streaming_lists()), is_mark).take_while(|event| {
+    let streaming = reset_on_restart(super::list_watch::events(api.clone(), paged.clone().streaming_lists()), is_mark)
+        .take_while(|event| {
             let go_on = !matches!(event, Err(e) if refused(e));
             if !go_on {
                 warn!("the apiserver no longer streams initial states (WatchList); listing in pages from now on");
             }
             std::future::ready(go_on)
         });
-    let then_paged = futures::stream::once(async move { watcher(api, paged) }).flatten();
+    let then_paged = futures::stream::once(async move { super::list_watch::events(api, paged) }).flatten();
     streaming.chain(then_paged).boxed()
 }
 
