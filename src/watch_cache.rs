@@ -101,9 +101,9 @@ where
 /// A watch stream, boxed.
 pub type WatchStream<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
 
-/// Like `cache_with`, with the stream not made yet: the third part makes it. A watch stream
-/// takes about 4.7 KB before it has read anything (its requests' futures are inline), so a
-/// cache watched on demand (`on_demand`) makes its stream only once started.
+/// Like `cache_with`, with the stream not made yet: the third part makes it. A cache watched
+/// on demand (`on_demand`) makes its stream, and its backoff and reflector state, only once
+/// started.
 pub fn cache_unmade<K>(
     api: Api<K>,
     config: watcher::Config,

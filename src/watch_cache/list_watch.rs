@@ -279,6 +279,142 @@ mod tests {
         Api::namespaced(kube::Client::try_from(config).expect("an offline client"), "a")
     }
 
+    /// A scripted apiserver of ConfigMaps in namespace `a`: two pages, a watch that ends, one
+    /// that resumes from the bookmark and is told 410 Gone, a list again, then a watch refused
+    /// with 403 and one that stays open. Records the query of every request.
+    async fn scripted() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        use axum::extract::{RawQuery, State};
+        use std::sync::{Arc, Mutex};
+        type Log = Arc<Mutex<Vec<String>>>;
+        fn cm(name: &str, rv: u32) -> String {
+            format!(
+                r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"a","resourceVersion":"{rv}"}}}}"#
+            )
+        }
+        fn event(kind: &str, object: &str) -> String {
+            format!("{{\"type\":\"{kind}\",\"object\":{object}}}\n")
+        }
+        async fn serve(State(log): State<Log>, RawQuery(q): RawQuery) -> axum::response::Response {
+            use axum::response::IntoResponse;
+            let q = q.unwrap_or_default();
+            let seen = {
+                let mut log = log.lock().expect("log");
+                log.push(q.clone());
+                log.iter().filter(|l| !l.contains("watch=true")).count()
+            };
+            let list = |items: &[String], rv: u32, cont: &str| {
+                format!(
+                    r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"{rv}","continue":"{cont}"}},"items":[{}]}}"#,
+                    items.join(",")
+                )
+            };
+            if !q.contains("watch=true") {
+                let body = match (seen, q.contains("continue=c1")) {
+                    (_, true) => list(&[cm("b", 2)], 10, ""),
+                    (1, false) => list(&[cm("a", 1)], 10, "c1"),
+                    _ => list(&[cm("a", 13)], 20, ""),
+                };
+                return body.into_response();
+            }
+            if q.contains("sendInitialEvents=true") {
+                let streamed = log.lock().expect("log").iter().filter(|l| l.contains("sendInitialEvents=true")).count();
+                let end = |rv: u32| {
+                    format!(
+                        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"resourceVersion":"{rv}","annotations":{{"k8s.io/initial-events-end":"true"}}}}}}"#
+                    )
+                };
+                let body = if streamed == 1 {
+                    event("ADDED", &cm("a", 1)) + &event("ADDED", &cm("b", 2)) + &event("BOOKMARK", &end(10))
+                } else {
+                    event("ADDED", &cm("a", 13)) + &event("BOOKMARK", &end(20))
+                };
+                return body.into_response();
+            }
+            let bookmark = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"resourceVersion":"12"}}"#;
+            let gone = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"too old","reason":"Expired","code":410}"#;
+            let forbidden = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"no","reason":"Forbidden","code":403}"#;
+            if q.contains("resourceVersion=10&") || q.ends_with("resourceVersion=10") {
+                return (event("ADDED", &cm("c", 11)) + &event("BOOKMARK", bookmark)).into_response();
+            }
+            if q.contains("resourceVersion=12") {
+                return (event("MODIFIED", &cm("a", 13)) + &event("DELETED", &cm("b", 14)) + &event("ERROR", gone))
+                    .into_response();
+            }
+            let watches_at_20 = log.lock().expect("log").iter().filter(|l| l.contains("resourceVersion=20")).count();
+            if watches_at_20 == 1 {
+                return (axum::http::StatusCode::FORBIDDEN, forbidden.to_string()).into_response();
+            }
+            let open = futures::stream::once(async { Ok::<_, std::convert::Infallible>(event("ADDED", &cm("d", 21))) })
+                .chain(futures::stream::pending());
+            axum::body::Body::from_stream(open).into_response()
+        }
+        let log: Log = Arc::default();
+        let app = axum::Router::new()
+            .route("/api/v1/namespaces/a/configmaps", axum::routing::get(serve))
+            .with_state(log.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let url = format!("http://{}", listener.local_addr().expect("an address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, log)
+    }
+
+    fn described(event: &watcher::Result<Event<ConfigMap>>) -> String {
+        let name = |c: &ConfigMap| {
+            format!(
+                "{}@{}",
+                c.metadata.name.clone().unwrap_or_default(),
+                c.metadata.resource_version.clone().unwrap_or_default()
+            )
+        };
+        match event {
+            Ok(Event::Init) => "Init".into(),
+            Ok(Event::InitApply(c)) => format!("InitApply {}", name(c)),
+            Ok(Event::InitDone) => "InitDone".into(),
+            Ok(Event::Apply(c)) => format!("Apply {}", name(c)),
+            Ok(Event::Delete(c)) => format!("Delete {}", name(c)),
+            Err(e) => format!("Err {e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_same_events_and_requests_as_kube_runtimes_watcher() {
+        for config in [watcher::Config::default().page_size(1), watcher::Config::default().streaming_lists()] {
+            the_same_as_kube_runtimes_watcher(config).await;
+        }
+    }
+
+    async fn the_same_as_kube_runtimes_watcher(config: watcher::Config) {
+        let streamed = config.initial_list_strategy == InitialListStrategy::StreamingList;
+        let mut runs = Vec::new();
+        for ours in [true, false] {
+            let (url, log) = scripted().await;
+            let client = kube::Client::try_from(kube::Config::new(url.parse().expect("a URL"))).expect("a client");
+            let api: Api<ConfigMap> = Api::namespaced(client, "a");
+            let stream = if ours {
+                events(api, config.clone()).boxed()
+            } else {
+                kube::runtime::watcher(api, config.clone()).boxed()
+            };
+            // Every event up to the open watch's first, after which the script sends nothing more.
+            let mut stream = stream;
+            let mut read = Vec::new();
+            while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(3), stream.next()).await {
+                read.push(described(&event));
+            }
+            let requests = log.lock().expect("log").clone();
+            runs.push((read, requests));
+        }
+        let (ours, kubes) = (&runs[0], &runs[1]);
+        println!("events: {:#?}", ours.0);
+        assert_eq!(ours.0, kubes.0, "the events");
+        assert_eq!(ours.1, kubes.1, "the requests");
+        let inits = if streamed { 0 } else { 2 };
+        for (what, expected) in [("Delete b@14", 1), ("Init", inits), ("InitDone", 2), ("Apply d@21", 1)] {
+            assert_eq!(ours.0.iter().filter(|e| *e == what).count(), expected, "{what} in {:#?}", ours.0);
+        }
+        assert!(ours.0.iter().any(|e| e.contains("403")), "the refused watch: {:#?}", ours.0);
+    }
+
     #[tokio::test]
     async fn a_watch_stream_is_small_before_and_between_its_requests() {
         let config = watcher::Config::default().page_size(50);

@@ -20,7 +20,6 @@ use futures::{Stream, StreamExt, stream::BoxStream};
 use http_body_util::BodyExt;
 use kube::core::{Status, WatchEvent};
 use serde::de::DeserializeOwned;
-use std::collections::VecDeque;
 use tracing::warn;
 
 /// A watch's events as they arrive.
@@ -49,41 +48,54 @@ where
     })
 }
 
-/// Lines split out of chunks: a line within one chunk is a slice of it; the start of one
-/// that goes on in the next chunk is copied into `partial`, which is taken (and its memory
-/// given back) once the line ends.
+/// Lines cut out of a body's chunks, one at a time: a line within one chunk is a slice of it;
+/// the start of one that goes on in the next chunk is copied into `partial`, which is taken
+/// (and its memory given back) once the line ends. Only the unread rest of the last chunk is
+/// kept, and none of it once read.
 #[derive(Debug, Default)]
 pub struct Splitter {
+    rest: Bytes,
     partial: Vec<u8>,
 }
 
 impl Splitter {
-    /// Appends to `out` the lines `chunk` completes, without their `\n` (nor a `\r` before
-    /// it); keeps what follows the last newline.
-    pub fn push(&mut self, mut chunk: Bytes, out: &mut VecDeque<Bytes>) {
-        while let Some(at) = chunk.iter().position(|b| *b == b'\n') {
-            let head = chunk.split_to(at + 1);
-            let line = if self.partial.is_empty() {
-                head.slice(..at)
-            } else {
-                self.partial.extend_from_slice(&head[..at]);
-                Bytes::from(std::mem::take(&mut self.partial))
-            };
-            out.push_back(without_carriage_return(line));
+    /// Takes the next chunk; call only once `next_line` has nothing more.
+    pub fn push(&mut self, chunk: Bytes) {
+        debug_assert!(self.rest.is_empty(), "a chunk pushed before the last was read");
+        self.rest = chunk;
+    }
+
+    /// The next whole line, without its `\n` (nor a `\r` before it); `None` once what is
+    /// left is the start of a line that a later chunk ends.
+    pub fn next_line(&mut self) -> Option<Bytes> {
+        let Some(at) = self.rest.iter().position(|b| *b == b'\n') else {
+            self.partial.extend_from_slice(&std::mem::take(&mut self.rest));
+            return None;
+        };
+        let head = self.rest.split_to(at + 1);
+        if self.rest.is_empty() {
+            // An empty slice still holds the chunk.
+            self.rest = Bytes::new();
         }
-        if !chunk.is_empty() {
-            self.partial.extend_from_slice(&chunk);
-        }
+        let line = if self.partial.is_empty() {
+            head.slice(..at)
+        } else {
+            self.partial.extend_from_slice(&head[..at]);
+            Bytes::from(std::mem::take(&mut self.partial))
+        };
+        Some(without_carriage_return(line))
     }
 
     /// What is left when the body ends: a last line without its newline, if any.
     pub fn finish(&mut self) -> Option<Bytes> {
+        let rest = std::mem::take(&mut self.rest);
+        self.partial.extend_from_slice(&rest);
         (!self.partial.is_empty()).then(|| without_carriage_return(Bytes::from(std::mem::take(&mut self.partial))))
     }
 
-    /// How many bytes the splitter holds between chunks (for tests).
+    /// How many bytes the splitter holds between lines (for tests).
     pub fn held(&self) -> usize {
-        self.partial.capacity()
+        self.rest.len() + self.partial.capacity()
     }
 }
 
@@ -99,34 +111,25 @@ fn lines<S>(chunks: S) -> impl Stream<Item = kube::Result<Bytes>> + Send + 'stat
 where
     S: Stream<Item = kube::Result<Bytes>> + Send + Unpin + 'static,
 {
-    struct Reading<S> {
-        chunks: Option<S>,
-        splitter: Splitter,
-        ready: VecDeque<Bytes>,
-    }
-    let state = Reading { chunks: Some(chunks), splitter: Splitter::default(), ready: VecDeque::new() };
-    futures::stream::unfold(state, |mut r| async move {
+    let state = (Some(chunks), Splitter::default());
+    futures::stream::unfold(state, |(mut chunks, mut splitter)| async move {
         loop {
-            if let Some(line) = r.ready.pop_front() {
-                return Some((Ok(line), r));
+            if let Some(line) = splitter.next_line() {
+                return Some((Ok(line), (chunks, splitter)));
             }
-            let chunks = r.chunks.as_mut()?;
-            match chunks.next().await {
-                Some(Ok(chunk)) => r.splitter.push(chunk, &mut r.ready),
+            match chunks.as_mut()?.next().await {
+                Some(Ok(chunk)) => splitter.push(chunk),
                 None => {
-                    r.chunks = None;
-                    let last = r.splitter.finish()?;
-                    return Some((Ok(last), r));
+                    let last = splitter.finish()?;
+                    return Some((Ok(last), (None, splitter)));
                 }
                 Some(Err(e)) => {
-                    r.chunks = None;
-                    r.splitter = Splitter::default();
                     // Tends to happen when a watch has run for minutes: not an error.
                     if e.to_string().contains("unexpected EOF during chunk") {
                         warn!(error = %e, "a watch's body ended early");
                         return None;
                     }
-                    return Some((Err(kube::Error::ReadEvents(std::io::Error::other(e))), r));
+                    return Some((Err(kube::Error::ReadEvents(std::io::Error::other(e))), (None, Splitter::default())));
                 }
             }
         }
@@ -153,11 +156,13 @@ mod tests {
 
     fn split(chunks: &[&str]) -> (Vec<String>, Splitter) {
         let mut s = Splitter::default();
-        let mut out = VecDeque::new();
+        let mut lines = Vec::new();
         for c in chunks {
-            s.push(Bytes::copy_from_slice(c.as_bytes()), &mut out);
+            s.push(Bytes::copy_from_slice(c.as_bytes()));
+            while let Some(l) = s.next_line() {
+                lines.push(String::from_utf8_lossy(&l).into_owned());
+            }
         }
-        let lines = out.iter().map(|l| String::from_utf8_lossy(l).into_owned()).collect();
         (lines, s)
     }
 
@@ -176,6 +181,29 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0].len(), 1 << 20);
         assert_eq!(s.held(), 0, "the buffer of the split line is given back");
+    }
+
+    #[test]
+    fn a_chunk_of_many_lines_is_held_only_until_its_last_is_read() {
+        let mut s = Splitter::default();
+        s.push(Bytes::from("\n".repeat(100_000)));
+        let mut read = 0;
+        while s.next_line().is_some() {
+            read += 1;
+        }
+        assert_eq!(read, 100_000);
+        assert_eq!(s.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_by_the_chunked_decoder_just_ends() {
+        let chunks: Vec<kube::Result<Bytes>> = vec![
+            Ok(Bytes::from(format!("{}\n", event_line("a")))),
+            Err(kube::Error::Service("unexpected EOF during chunk size line".into())),
+        ];
+        let read: Vec<_> = events::<ConfigMap, _>(futures::stream::iter(chunks)).collect().await;
+        assert_eq!(read.len(), 1, "{read:?}");
+        assert!(matches!(&read[0], Ok(WatchEvent::Added(_))));
     }
 
     fn event_line(name: &str) -> String {
