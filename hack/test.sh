@@ -49,6 +49,7 @@ echo "ok: one version each of kube, kube-client, kube-core, kube-runtime, kube-d
 step "unit and end-to-end tests (built, then run in queues side by side: hack/test-queues.sh)"
 built=$(mktemp)
 cargo test --locked --all-targets --no-run --message-format=json-render-diagnostics >"$built"
+python3 "$here/prune-target.py" <"$built"
 bash "$here/test-queues.sh" <"$built"
 rm -f "$built"
 
