@@ -1,11 +1,11 @@
 //! Watch-fed caches with a "synced" flag that any number of tasks can wait on.
 
 pub mod compact;
-pub mod list_watch;
+mod list_watch;
 pub mod start_mark;
 mod streamed;
 pub mod streaming_lists;
-pub mod watch_lines;
+mod watch_lines;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use kube::Resource;

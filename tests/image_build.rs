@@ -3,11 +3,10 @@
 //! build that lacks one fails only where the image is built, which these machines cannot do
 //! (no registry for its base images). Pure: reads files, needs no cluster.
 
-use std::path::{Path, PathBuf};
+mod support;
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use std::path::{Path, PathBuf};
+use support::repo_root;
 
 /// The sources of the Dockerfile's `COPY` instructions from the build context (not those
 /// `--from` another stage), as paths relative to the context, without `./` or a trailing `/`.

@@ -93,7 +93,8 @@ impl Splitter {
         (!self.partial.is_empty()).then(|| without_carriage_return(Bytes::from(std::mem::take(&mut self.partial))))
     }
 
-    /// How many bytes the splitter holds between lines (for tests).
+    /// How many bytes the splitter holds between lines.
+    #[cfg(test)]
     pub fn held(&self) -> usize {
         self.rest.len() + self.partial.capacity()
     }
