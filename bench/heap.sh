@@ -2,7 +2,7 @@
 # Heap profile of one replica holding APPS Apps in NAMESPACES namespaces: which allocation
 # sites hold the memory once every App has converged. Runs the release build under heaptrack
 # (Debian package `heaptrack`, installed here when missing) on a private local control plane,
-# then prints heaptrack's top consumers of memory at the peak.
+# then prints heaptrack's top consumers of memory at the peak and once every App is Healthy.
 #
 #   bash bench/heap.sh [NAMESPACES] [APPS]      default 20 namespaces, 1000 Apps
 #   FLOTILLA_BENCH_BIN=path                     another build of the replica to profile
@@ -43,8 +43,8 @@ kubectl create -f "$WORK/apps.yaml" >/dev/null
 one_replica_wait_healthy
 sleep 10
 rss=$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$(pgrep -P "$PID" -f "$BIN" || echo "$PID")/status" 2>/dev/null || echo "?")
-echo ">> every App Healthy; RSS of the replica under heaptrack: ${rss} MiB; stopping it"
-kill -INT "$(pgrep -P "$PID" -f "$BIN" || echo "$PID")" 2>/dev/null || true
+echo ">> every App Healthy; RSS of the replica under heaptrack: ${rss} MiB; killing it (-9: what it held is what the profile ends with)"
+kill -9 "$(pgrep -P "$PID" -f "$BIN" || echo "$PID")" 2>/dev/null || true
 wait "$PID" || true
 PID=
 file=$(ls "$WORK"/heap* 2>/dev/null | head -1)
@@ -55,40 +55,11 @@ cp "$file" "$kept"
 echo ">> profile kept in $kept (heaptrack_gui or heaptrack_print can read it)"
 # Heap at its peak, by the first frame of the stack that names what holds the memory (a
 # cache's reflector, a serde_json value, an h2 buffer...), not by the allocator's own frames.
-heaptrack_print -f "$file" --print-peaks 0 --print-allocators 0 --print-temporary 0 --print-leaks 0 \
-  --print-flamegraph "$WORK/folded" --flamegraph-cost-type peak >/dev/null
-python3 - "$WORK/folded" <<'PY'
-# Frames are Rust v0 symbols with their file's name, "sym (file.rs)": demangled with c++filt
-# (binutils), then the innermost frames outside the allocator and the standard containers
-# name the holder (the innermost three, innermost first).
-import collections, re, subprocess, sys
-rows, frames = [], set()
-for line in open(sys.argv[1]):
-    stack, _, cost = line.rstrip().rpartition(" ")
-    fs = stack.split(";")
-    rows.append((fs, int(cost)))
-    frames.update(fs)
-frames = sorted(frames)
-names = [f.rsplit(" (", 1)[0] if f.endswith(")") else f for f in frames]
-out = subprocess.run(["c++filt"], input="\n".join(names) + "\n", capture_output=True, text=True).stdout.split("\n")
-plain = {}
-for f, o in zip(frames, out):
-    file = f.rsplit(" (", 1)[1][:-1] if f.endswith(")") else ""
-    plain[f] = (re.sub(r"\[[0-9a-f]{16}\]", "", o), file)
-std = re.compile(r"^(alloc|mod|slice|boxed|string|sync|rc|map|clone|spec_from_iter.*|spec_extend|raw|cow|borrow|node"
-                 r"|fmt|function|ops|option|result|iterator|collect|in_place_collect|set|append|entry|search|heaptrack.*)\.rs$|^$")
-by, total = collections.Counter(), 0
-for fs, cost in rows:
-    total += cost
-    kept = [(n, f) for n, f in (plain[x] for x in fs) if not std.match(f) and "malloc" not in n]
-    by[" < ".join(f"{n[:60]} ({f})" for n, f in kept[-3:][::-1]) if kept else "?"] += cost
-print(f"heap at peak: {total / 2**20:.1f} MiB; largest holders (innermost frames outside alloc/core/std):")
-for name, cost in by.most_common(25):
-    print(f"  {cost / 2**20:7.2f} MiB  {100 * cost / total:5.1f}%  {name}")
-PY
+python3 bench/heap_holders.py "$file" peak
+# What it held when it was killed, every App Healthy and 10 s idle.
+python3 bench/heap_holders.py "$file" leaked
 # The heap while the replica was steady (every App Healthy, 10 s idle), which the peak above
-# is not: the median of heaptrack's snapshots from 8 s to 1 s before the profile ends (the
-# stop, in its last second, allocates a little and then frees everything).
+# is not: the median of heaptrack's snapshots from 8 s to 1 s before the profile ends.
 heaptrack_print -f "$file" --print-peaks 0 --print-allocators 0 --print-temporary 0 --print-leaks 0 \
   --print-massif "$WORK/massif" --massif-threshold 100 >/dev/null
 python3 - "$WORK/massif" <<'PY'

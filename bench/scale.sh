@@ -11,6 +11,10 @@
 #   FLOTILLA_BENCH_BIN=path      another build of the replica to run (default: the release build)
 #   FLOTILLA_BENCH_BASELINE=0    skips the bare client (no ratio): for runs about the rest
 #   FLOTILLA_BENCH_LOGS=dir      keeps the replicas' logs and the audit log of Flotilla's run
+#   FLOTILLA_BENCH_ENV_I="K=V ..." environment of replica I alone (MALLOC_ARENA_MAX=1, ...)
+#   FLOTILLA_BENCH_HEAPTRACK=I   runs replica I under heaptrack (Debian package heaptrack) and,
+#                                once the idle time is over, kills it with -9 and prints what
+#                                its heap held then (no failover in such a run)
 #
 # Measured:
 # - baseline: time for a bare client (kubectl, 8 in parallel) to create what the operator
@@ -56,6 +60,16 @@ per_ns=$(( (APPS + NAMESPACES - 1) / NAMESPACES ))
 POLL=$(awk -v n="$APPS" 'BEGIN{p=n/2000; if(p<0.5)p=0.5; print p}')
 
 bash hack/prerequisites.sh
+HEAPTRACK=${FLOTILLA_BENCH_HEAPTRACK:-}
+if [ -n "$HEAPTRACK" ]; then
+  if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null || ! command -v c++filt >/dev/null; then
+    echo ">> installing heaptrack and binutils (apt-get)"
+    apt-get install -y heaptrack binutils >/dev/null || {
+      echo "heaptrack or c++filt is missing and could not be installed: run 'apt-get install heaptrack binutils'" >&2
+      exit 1
+    }
+  fi
+fi
 [ "$WITH_ARGO" = 1 ] && bash hack/build-argo-rollouts.sh
 # Fake nodes of 1,000 pods each, enough for every App's pods with room to spare.
 FLOTILLA_NODES=$(( (APPS * POD_REPLICAS * 12 / 10 + 999) / 1000 )); [ "$FLOTILLA_NODES" -ge 3 ] || FLOTILLA_NODES=3
@@ -229,10 +243,23 @@ bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
 for i in $ids; do
   # Pod-bound tokens, as in a cluster: the apiserver's shard fence evaluates every write.
   bash hack/operator-kubeconfig.sh "$CLUSTER" "$WORK/op-$i.kubeconfig" "scale-$i"
-  "$BIN" run --kubeconfig "$WORK/op-$i.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
+  profiler=(); [ "$i" = "$HEAPTRACK" ] && profiler=(heaptrack -o "$WORK/heap-$i")
+  env_var=FLOTILLA_BENCH_ENV_$i
+  # shellcheck disable=SC2086
+  env ${!env_var:-} "${profiler[@]}" "$BIN" run --kubeconfig "$WORK/op-$i.kubeconfig" --admin-addr "127.0.0.1:$((9660 + i))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$i" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
     >"$WORK/scale-$i.log" 2>&1 &
-  PIDS+=($!)
-  echo "$!" >"$WORK/pid-$i"
+  pid=$!
+  if [ "$i" = "$HEAPTRACK" ]; then
+    # The replica is heaptrack's child: its PID is the one measured and killed.
+    HEAPTRACK_WRAPPER=$pid
+    until child=$(pgrep -P "$HEAPTRACK_WRAPPER" -f "$BIN"); do
+      kill -0 "$HEAPTRACK_WRAPPER" 2>/dev/null || { cat "$WORK/scale-$i.log" >&2; echo "error: heaptrack exited" >&2; exit 1; }
+      sleep 0.1
+    done
+    pid=$child
+  fi
+  PIDS+=("$pid")
+  echo "$pid" >"$WORK/pid-$i"
 done
 for i in $ids; do until curl -fs "127.0.0.1:$((9660 + i))/readyz" >/dev/null 2>&1; do sleep 0.2; done; done
 # RSS of every replica, once a second: peak and steady come from here.
@@ -273,6 +300,15 @@ idle_from=$(stamp)
 sleep "$IDLE"
 idle_writes=$(writes_count "$idle_from" "$(stamp)" scale-)
 steady_at=$(date +%s)
+# What each steady RSS is made of: anonymous pages (heap, stacks, the allocator's slack)
+# against pages of the binary and its libraries, the threads, and the namespaces served.
+declare -A made_of
+for i in $ids; do
+  # Shards are not always split evenly: the namespaces served say what each replica holds.
+  served=$(curl -fs "127.0.0.1:$((9660 + i))/metrics" | awk '/^flotilla_namespaces_served /{print $2}')
+  made_of[$i]=$(awk -v n="${served:-?}" '/^RssAnon/{a=$2} /^RssFile/{f=$2} /^Threads/{t=$2}
+    END{printf "%.0f / %.0f MiB, %d threads, %s namespaces", a/1024, f/1024, t, n}' "/proc/$(cat "$WORK/pid-$i")/status")
+done
 
 echo ">> $CHANGES changes of one App each, while all $APPS are present"
 lat=()
@@ -314,13 +350,30 @@ rows=()
 json_replicas=()
 for i in $ids; do
   figures "${PIDS[$i]}" "$WORK/rss" "$i" "$converged_at" "$steady_at" "(scale-$i)"
-  rows+=("| scale-$i $fig_row")
-  json_replicas+=("{\"replica\":\"scale-$i\",$fig_json}")
+  # Its RSS with every namespace onboarded, just before the first App: the base the Apps add to.
+  onboarded=$(awk -v r="$i" -v a="$((start - 5))" -v b="$start" '$2==r && $1>=a && $1<=b {s+=$3; n++} END{printf "%.0f", (n?s/n:0)/1024}' "$WORK/rss")
+  rows+=("| scale-$i $fig_row $onboarded MiB | ${made_of[$i]} |")
+  json_replicas+=("{\"replica\":\"scale-$i\",$fig_json,\"onboarded_rss_mib\":$onboarded,\"steady_anonymous_file_threads\":\"${made_of[$i]}\"}")
 done
 ratio=null; [ "$baseline" = null ] || ratio=$(awk "BEGIN{printf \"%.2f\", $flotilla / $baseline}")
 
 FAILOVER=${FLOTILLA_BENCH_FAILOVER:-1}
 [ "$REPLICAS" -ge 2 ] || FAILOVER=0
+if [ -n "$HEAPTRACK" ]; then
+  # kill -9 frees nothing on the way out: what the profile still holds at its end is the heap
+  # of the steady replica. The profile is kept beside bench/heap.sh's.
+  FAILOVER=0
+  echo ">> scale-$HEAPTRACK under heaptrack: RSS $(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/${PIDS[$HEAPTRACK]}/status") MiB; killing it (-9)"
+  kill -9 "${PIDS[$HEAPTRACK]}"
+  wait "$HEAPTRACK_WRAPPER" || true
+  file=$(ls "$WORK"/heap-"$HEAPTRACK"* 2>/dev/null | head -1)
+  [ -n "$file" ] || { echo "heaptrack wrote no profile; its output:" >&2; cat "$WORK/scale-$HEAPTRACK.log" >&2; exit 1; }
+  mkdir -p "$FLOTILLA_CACHE/heap"
+  kept="$FLOTILLA_CACHE/heap/$(date -u +%Y%m%dT%H%M%SZ)-scale-$(basename "$file")"
+  cp "$file" "$kept"
+  echo ">> profile kept in $kept"
+  python3 bench/heap_holders.py "$file" leaked 40 | tee "$WORK/heap-holders.txt"
+fi
 if [ "$FAILOVER" = 1 ]; then
   # Failover with every App present: kill -9 of one replica, then (once it is back, as in a
   # rolling upgrade) SIGTERM of another. After each, one App is changed in each of SAMPLE
@@ -555,6 +608,6 @@ if [ "$WITH_ARGO" = 1 ]; then
   fi
 fi
 echo
-echo "| replica | peak RSS | steady RSS | CPU | apiserver connections | requests sent |"
-echo "|---|---|---|---|---|---|"
+echo "| replica | peak RSS | steady RSS | CPU | apiserver connections | requests sent | RSS before the first App | steady: anonymous / file-backed, threads, namespaces served |"
+echo "|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
