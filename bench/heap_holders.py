@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+if len(sys.argv) < 3 or sys.argv[2] not in ("peak", "leaked"):
+    sys.exit("usage: heap_holders.py PROFILE peak|leaked [TOP]")
 profile, cost_type = sys.argv[1], sys.argv[2]
 top = int(sys.argv[3]) if len(sys.argv) > 3 else 25
 with tempfile.TemporaryDirectory() as work:
@@ -48,6 +50,8 @@ for fs, cost in rows:
     total += cost
     kept = [(n, f) for n, f in (plain[x] for x in fs) if not std.match(f) and "malloc" not in n]
     by[" < ".join(f"{n[:60]} ({f})" for n, f in kept[-3:][::-1]) if kept else "?"] += cost
+if total == 0:
+    sys.exit(f"{profile}: no {cost_type} memory in the profile")
 what = {"peak": "heap at peak", "leaked": "heap when the profile ended"}.get(cost_type, cost_type)
 print(f"{what}: {total / 2**20:.1f} MiB; largest holders (innermost frames outside alloc/core/std):")
 for name, cost in by.most_common(top):

@@ -11,10 +11,13 @@
 #   FLOTILLA_BENCH_BIN=path      another build of the replica to run (default: the release build)
 #   FLOTILLA_BENCH_BASELINE=0    skips the bare client (no ratio): for runs about the rest
 #   FLOTILLA_BENCH_LOGS=dir      keeps the replicas' logs and the audit log of Flotilla's run
-#   FLOTILLA_BENCH_ENV_I="K=V ..." environment of replica I alone (MALLOC_ARENA_MAX=1, ...)
+#   FLOTILLA_BENCH_ENV_I="K=V ..." environment of replica I alone (MALLOC_ARENA_MAX=1, ...);
+#                                shards go to replicas by name, the first ones take one more
+#                                when they do not split evenly: compare per namespace served
 #   FLOTILLA_BENCH_HEAPTRACK=I   runs replica I under heaptrack (Debian package heaptrack) and,
-#                                once the idle time is over, kills it with -9 and prints what
-#                                its heap held then (no failover in such a run)
+#                                after the idle time and the changes, kills it with -9 and
+#                                prints what its heap held then (no failover, no Argo Rollouts
+#                                in such a run; its RSS and CPU include heaptrack's)
 #
 # Measured:
 # - baseline: time for a bare client (kubectl, 8 in parallel) to create what the operator
@@ -62,6 +65,14 @@ POLL=$(awk -v n="$APPS" 'BEGIN{p=n/2000; if(p<0.5)p=0.5; print p}')
 bash hack/prerequisites.sh
 HEAPTRACK=${FLOTILLA_BENCH_HEAPTRACK:-}
 if [ -n "$HEAPTRACK" ]; then
+  if ! [[ "$HEAPTRACK" =~ ^[0-9]+$ ]] || [ "$HEAPTRACK" -ge "$REPLICAS" ]; then
+    echo "error: FLOTILLA_BENCH_HEAPTRACK=$HEAPTRACK names no replica (0 to $((REPLICAS - 1)))" >&2
+    exit 1
+  fi
+  if [ "$WITH_ARGO" = 1 ]; then
+    echo "error: FLOTILLA_BENCH_HEAPTRACK and --with-argo together would compare Argo Rollouts with a replica slowed by the profiler" >&2
+    exit 1
+  fi
   if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null || ! command -v c++filt >/dev/null; then
     echo ">> installing heaptrack and binutils (apt-get)"
     apt-get install -y heaptrack binutils >/dev/null || {
@@ -147,6 +158,7 @@ cleanup() {
     mkdir -p "$FLOTILLA_BENCH_LOGS" && cp "$WORK"/*.log "$FLOTILLA_BENCH_LOGS"/ 2>/dev/null || true
     [ -n "${AUDIT:-}" ] && cp "$(dirname "$AUDIT")"/audit*.log "$FLOTILLA_BENCH_LOGS"/ 2>/dev/null || true
   fi
+  [ -n "${HEAPTRACK_WRAPPER:-}" ] && kill "$HEAPTRACK_WRAPPER" 2>/dev/null || true
   # Only processes still ours: a PID that exited may have been reused.
   for p in "${PIDS[@]}"; do
     grep -qaE 'flotilla|rollouts-controller' "/proc/$p/cmdline" 2>/dev/null && kill -9 "$p" 2>/dev/null || true
@@ -251,10 +263,17 @@ for i in $ids; do
   pid=$!
   if [ "$i" = "$HEAPTRACK" ]; then
     # The replica is heaptrack's child: its PID is the one measured and killed.
+    # heaptrack is a shell script: its own subshells carry the same command line for a
+    # moment, so the child is told by the program it runs.
     HEAPTRACK_WRAPPER=$pid
-    until child=$(pgrep -P "$HEAPTRACK_WRAPPER" -f "$BIN"); do
+    bin_exe=$(readlink -f "$BIN")
+    child=
+    until [ -n "$child" ]; do
       kill -0 "$HEAPTRACK_WRAPPER" 2>/dev/null || { cat "$WORK/scale-$i.log" >&2; echo "error: heaptrack exited" >&2; exit 1; }
       sleep 0.1
+      for c in $(pgrep -P "$HEAPTRACK_WRAPPER" || true); do
+        [ "$(readlink "/proc/$c/exe" 2>/dev/null)" = "$bin_exe" ] && child=$c
+      done
     done
     pid=$child
   fi
@@ -302,12 +321,14 @@ idle_writes=$(writes_count "$idle_from" "$(stamp)" scale-)
 steady_at=$(date +%s)
 # What each steady RSS is made of: anonymous pages (heap, stacks, the allocator's slack)
 # against pages of the binary and its libraries, the threads, and the namespaces served.
-declare -A made_of
+declare -A made_of made_of_json
 for i in $ids; do
   # Shards are not always split evenly: the namespaces served say what each replica holds.
-  served=$(curl -fs "127.0.0.1:$((9660 + i))/metrics" | awk '/^flotilla_namespaces_served /{print $2}')
-  made_of[$i]=$(awk -v n="${served:-?}" '/^RssAnon/{a=$2} /^RssFile/{f=$2} /^Threads/{t=$2}
-    END{printf "%.0f / %.0f MiB, %d threads, %s namespaces", a/1024, f/1024, t, n}' "/proc/$(cat "$WORK/pid-$i")/status")
+  served=$(curl -fs --max-time 5 "127.0.0.1:$((9660 + i))/metrics" | awk '/^flotilla_namespaces_served /{print $2}') || served=
+  read -r anon file threads < <(awk '/^RssAnon/{a=$2} /^RssFile/{f=$2} /^Threads/{t=$2}
+    END{printf "%.0f %.0f %d\n", a/1024, f/1024, t}' "/proc/$(cat "$WORK/pid-$i")/status" 2>/dev/null || echo "0 0 0")
+  made_of[$i]="$anon / $file MiB, $threads threads, ${served:-?} namespaces"
+  made_of_json[$i]="\"steady_anonymous_mib\":$anon,\"steady_file_backed_mib\":$file,\"threads\":$threads,\"namespaces_served\":${served:-null}"
 done
 
 echo ">> $CHANGES changes of one App each, while all $APPS are present"
@@ -353,7 +374,10 @@ for i in $ids; do
   # Its RSS with every namespace onboarded, just before the first App: the base the Apps add to.
   onboarded=$(awk -v r="$i" -v a="$((start - 5))" -v b="$start" '$2==r && $1>=a && $1<=b {s+=$3; n++} END{printf "%.0f", (n?s/n:0)/1024}' "$WORK/rss")
   rows+=("| scale-$i $fig_row $onboarded MiB | ${made_of[$i]} |")
-  json_replicas+=("{\"replica\":\"scale-$i\",$fig_json,\"onboarded_rss_mib\":$onboarded,\"steady_anonymous_file_threads\":\"${made_of[$i]}\"}")
+  env_var=FLOTILLA_BENCH_ENV_$i
+  env_json=$(printf '%s' "${!env_var:-}" | python3 -c 'import json, sys; print(json.dumps(sys.stdin.read()))')
+  heaptracked=false; [ "$i" = "$HEAPTRACK" ] && heaptracked=true
+  json_replicas+=("{\"replica\":\"scale-$i\",$fig_json,\"onboarded_rss_mib\":$onboarded,${made_of_json[$i]},\"env\":$env_json,\"under_heaptrack\":$heaptracked}")
 done
 ratio=null; [ "$baseline" = null ] || ratio=$(awk "BEGIN{printf \"%.2f\", $flotilla / $baseline}")
 
@@ -364,15 +388,17 @@ if [ -n "$HEAPTRACK" ]; then
   # of the steady replica. The profile is kept beside bench/heap.sh's.
   FAILOVER=0
   echo ">> scale-$HEAPTRACK under heaptrack: RSS $(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/${PIDS[$HEAPTRACK]}/status") MiB; killing it (-9)"
-  kill -9 "${PIDS[$HEAPTRACK]}"
+  kill -9 "${PIDS[$HEAPTRACK]}" 2>/dev/null || true
   wait "$HEAPTRACK_WRAPPER" || true
+  HEAPTRACK_WRAPPER=
   file=$(ls "$WORK"/heap-"$HEAPTRACK"* 2>/dev/null | head -1)
   [ -n "$file" ] || { echo "heaptrack wrote no profile; its output:" >&2; cat "$WORK/scale-$HEAPTRACK.log" >&2; exit 1; }
   mkdir -p "$FLOTILLA_CACHE/heap"
   kept="$FLOTILLA_CACHE/heap/$(date -u +%Y%m%dT%H%M%SZ)-scale-$(basename "$file")"
   cp "$file" "$kept"
   echo ">> profile kept in $kept"
-  python3 bench/heap_holders.py "$file" leaked 40 | tee "$WORK/heap-holders.txt"
+  # A failed analysis loses the profile's reading, not the run's figures.
+  python3 bench/heap_holders.py "$file" leaked 40 | tee "$kept.holders.txt" || echo "   (the profile could not be read: heaptrack_print $kept)"
 fi
 if [ "$FAILOVER" = 1 ]; then
   # Failover with every App present: kill -9 of one replica, then (once it is back, as in a
@@ -458,7 +484,9 @@ print("%.2f %.2f" % (late[-1], late[len(late) // 2]) if len(late) == len(names) 
     read -r step_reconciled step_reconciled_p50 < <(reconciled_after "$t0" "$from")
   }
   start_replica() { # start_replica I
-    "$BIN" run --kubeconfig "$WORK/op-$1.kubeconfig" --admin-addr "127.0.0.1:$((9660 + $1))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$1" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
+    local env_var=FLOTILLA_BENCH_ENV_$1
+    # shellcheck disable=SC2086
+    env ${!env_var:-} "$BIN" run --kubeconfig "$WORK/op-$1.kubeconfig" --admin-addr "127.0.0.1:$((9660 + $1))" --webhook-addr 127.0.0.1:0 --replica-id "scale-$1" ${FLOTILLA_BENCH_OPERATOR_ARGS:-} \
       >>"$WORK/scale-$1.log" 2>&1 &
     PIDS[$1]=$!
     echo "$!" >"$WORK/pid-$1"
