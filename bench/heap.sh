@@ -15,14 +15,8 @@ APPS=${2:-1000}
 CLUSTER=flotilla-bench-heap
 WORK=$(mktemp -d)
 . bench/one_replica.sh
-
-if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null || ! command -v c++filt >/dev/null; then
-  echo ">> installing heaptrack and binutils (apt-get)"
-  apt-get install -y heaptrack binutils >/dev/null || {
-    echo "heaptrack or c++filt is missing and could not be installed: run 'apt-get install heaptrack binutils'" >&2
-    exit 1
-  }
-fi
+. bench/heaptrack.sh
+heaptrack_installed
 PID=
 cleanup() {
   [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null || true
@@ -36,15 +30,16 @@ one_replica_tenants heap
 heaptrack -o "$WORK/heap" "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9670 --webhook-addr 127.0.0.1:0 \
   --replica-id heap-0 >"$WORK/replica.log" 2>&1 &
 PID=$!
+CHILD=$(heaptrack_child "$PID" "$BIN" "$WORK/replica.log")
 one_replica_wait_ready 9670
 echo ">> creating $APPS Apps in $NAMESPACES namespaces"
 one_replica_apps heap >"$WORK/apps.yaml"
 kubectl create -f "$WORK/apps.yaml" >/dev/null
 one_replica_wait_healthy
 sleep 10
-rss=$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$(pgrep -P "$PID" -f "$BIN" || echo "$PID")/status" 2>/dev/null || echo "?")
+rss=$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$CHILD/status" 2>/dev/null || echo "?")
 echo ">> every App Healthy; RSS of the replica under heaptrack: ${rss} MiB; killing it (-9: what it held is what the profile ends with)"
-kill -9 "$(pgrep -P "$PID" -f "$BIN" || echo "$PID")" 2>/dev/null || true
+kill -9 "$CHILD" 2>/dev/null || true
 wait "$PID" || true
 PID=
 file=$(ls "$WORK"/heap* 2>/dev/null | head -1)

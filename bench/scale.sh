@@ -73,13 +73,8 @@ if [ -n "$HEAPTRACK" ]; then
     echo "error: FLOTILLA_BENCH_HEAPTRACK and --with-argo together would compare Argo Rollouts with a replica slowed by the profiler" >&2
     exit 1
   fi
-  if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null || ! command -v c++filt >/dev/null; then
-    echo ">> installing heaptrack and binutils (apt-get)"
-    apt-get install -y heaptrack binutils >/dev/null || {
-      echo "heaptrack or c++filt is missing and could not be installed: run 'apt-get install heaptrack binutils'" >&2
-      exit 1
-    }
-  fi
+  . bench/heaptrack.sh
+  heaptrack_installed
 fi
 [ "$WITH_ARGO" = 1 ] && bash hack/build-argo-rollouts.sh
 # Fake nodes of 1,000 pods each, enough for every App's pods with room to spare.
@@ -263,19 +258,8 @@ for i in $ids; do
   pid=$!
   if [ "$i" = "$HEAPTRACK" ]; then
     # The replica is heaptrack's child: its PID is the one measured and killed.
-    # heaptrack is a shell script: its own subshells carry the same command line for a
-    # moment, so the child is told by the program it runs.
     HEAPTRACK_WRAPPER=$pid
-    bin_exe=$(readlink -f "$BIN")
-    child=
-    until [ -n "$child" ]; do
-      kill -0 "$HEAPTRACK_WRAPPER" 2>/dev/null || { cat "$WORK/scale-$i.log" >&2; echo "error: heaptrack exited" >&2; exit 1; }
-      sleep 0.1
-      for c in $(pgrep -P "$HEAPTRACK_WRAPPER" || true); do
-        [ "$(readlink "/proc/$c/exe" 2>/dev/null)" = "$bin_exe" ] && child=$c
-      done
-    done
-    pid=$child
+    pid=$(heaptrack_child "$HEAPTRACK_WRAPPER" "$BIN" "$WORK/scale-$i.log")
   fi
   PIDS+=("$pid")
   echo "$pid" >"$WORK/pid-$i"
