@@ -267,6 +267,7 @@ fn main() -> ExitCode {
                     },
                     namespaces_per_connection: usize::from(args.namespaces_per_connection),
                     max_requests_in_flight: usize::from(args.max_requests_in_flight),
+                    reconciles_per_namespace: args.reconciles_per_namespace,
                     request_timeout: args.request_timeout,
                     stuck_after: args.stuck_after,
                     shutdown_grace: args.shutdown_grace,

@@ -547,6 +547,7 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
         slots: None,
         pod_policy: Default::default(),
         streaming_lists: false,
+        reconciles_per_namespace: 0,
     };
     let (ctx, streams) = flotilla::app::controller::context(client.clone(), &scope, shared, None);
     use futures::StreamExt;

@@ -73,6 +73,9 @@ pub struct Shared {
     pub pod_policy: Arc<crate::app::pod_policy::PodPolicy>,
     /// Whether the apiserver streams a watch's initial state (`watch_cache::streaming_lists`).
     pub streaming_lists: bool,
+    /// Reconciles of one namespace's Apps in flight at once (0: no bound). See
+    /// `controller_config`.
+    pub reconciles_per_namespace: u16,
 }
 
 /// The watch streams that fill the controller's caches of managed objects.
@@ -95,7 +98,7 @@ pub type Streams = ManagedStreams<
 /// The controller's context and the watch streams that fill its caches. The streams must
 /// be polled (the controller does; a test can drain them) for the caches to fill.
 pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
-    let Shared { events, metrics, analyzer, slots, pod_policy, streaming_lists } = shared;
+    let Shared { events, metrics, analyzer, slots, pod_policy, streaming_lists, reconciles_per_namespace: _ } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector()).page_size(LIST_PAGE);
     // Deployments as projections: what the planner and the drift check read (`projection`).
     // Both kept as text (`Compact`): a reconcile reads back the few it needs.
@@ -233,6 +236,47 @@ fn apps_reading(apps: &Store<Compact<App>>, config_map: &ConfigMapKey) -> Vec<Ob
         .collect()
 }
 
+/// How a namespace's App controller runs: at most `per_namespace` of its reconciles in flight
+/// at once (0: no bound; a controller of every namespace has none).
+///
+/// The replica's slots (`Shared::slots`) bound the reconciles that work; this bounds those that
+/// wait for a slot, per namespace:
+/// - A tenant that creates thousands of Apps in one namespace queues only a few of them for
+///   the slots at a time, among the other namespaces' reconciles, instead of all of them
+///   ahead of every other tenant's.
+/// - kube-runtime keeps a reconcile in flight as a spawned task, a tracing span and an entry
+///   of its runner's hash map, and that map keeps the room its largest burst needed for as
+///   long as the controller runs: about 600 bytes an entry, 9 KiB a namespace after each of
+///   10 Apps had one in flight (`bench/heap.sh`). Three hold 4 entries' room.
+///
+/// What waits in a namespace instead is one scheduled entry per App, which kube-runtime keeps
+/// anyway. An App whose analysis waits for a hanging Prometheus (up to the query timeout)
+/// holds one of its namespace's turns meanwhile.
+pub fn controller_config(scope: &Scope, per_namespace: u16) -> kube::runtime::controller::Config {
+    let concurrency = match scope {
+        Scope::All => 0,
+        Scope::Namespace(_) => per_namespace,
+    };
+    kube::runtime::controller::Config::default().concurrency(concurrency)
+}
+
+/// The App controller of `apps`, triggered by their changes and by those of what they own
+/// and read.
+fn controller_of(
+    app_events: impl Stream<Item = Result<Compact<App>, watcher::Error>> + Send + 'static,
+    apps: Store<Compact<App>>,
+    streams: Streams,
+    config: kube::runtime::controller::Config,
+) -> Controller<Compact<App>> {
+    let readers = apps.clone();
+    Controller::for_stream(app_events, apps)
+        .with_config(config)
+        .owns_stream(streams.deployments)
+        .owns_stream(streams.hpas)
+        .owns_stream(streams.services)
+        .watches_stream(streams.config_maps, move |cm| apps_reading(&readers, &cm))
+}
+
 /// Returns the future that runs the App controller until `shutdown`. `ready` turns true
 /// once every cache has its initial list.
 pub fn app_controller(
@@ -253,13 +297,9 @@ pub fn app_controller(
         Scope::Namespace(ns) => ns.clone(),
     };
     let registration = shared.metrics.app_index().register(&namespace, apps.clone(), ready.clone());
+    let per_namespace = shared.reconciles_per_namespace;
     let (ctx, streams) = context(client, &scope, shared, served_by);
-    let readers = apps.clone();
-    let controller = Controller::for_stream(app_events, apps)
-        .owns_stream(streams.deployments)
-        .owns_stream(streams.hpas)
-        .owns_stream(streams.services)
-        .watches_stream(streams.config_maps, move |cm| apps_reading(&readers, &cm))
+    let controller = controller_of(app_events, apps, streams, controller_config(&scope, per_namespace))
         .graceful_shutdown_on(shutdown);
     async move {
         // Dropped with this future: the namespace's Apps leave the per-App series.
@@ -310,6 +350,57 @@ mod tests {
         }))
         .expect("an App");
         Compact::of(obj)
+    }
+
+    /// Runs the controller over `count` Apps of one namespace, each reconcile taking 20 ms,
+    /// and returns the most reconciles that were in flight at once.
+    async fn most_in_flight(count: usize, config: kube::runtime::controller::Config) -> usize {
+        use std::sync::atomic::AtomicUsize;
+        use std::time::Duration;
+        let apps: Vec<_> = (0..count).map(|i| cached(&format!("app-{i}"), "team", serde_json::json!({}))).collect();
+        let mut writer = Writer::<Compact<App>>::default();
+        let reader = writer.as_reader();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for app in &apps {
+            writer.apply_watcher_event(&watcher::Event::InitApply(app.clone()));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        fn empty<T: Send + 'static>() -> futures::stream::BoxStream<'static, T> {
+            futures::stream::empty().boxed()
+        }
+        let streams = ManagedStreams { deployments: empty(), hpas: empty(), services: empty(), config_maps: empty() };
+        // A watch does not end: a controller whose triggers end stops.
+        let events = futures::stream::iter(apps.into_iter().map(Ok)).chain(futures::stream::pending());
+        // In flight now, and the most so far.
+        let counts = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+        let reconciled = controller_of(events, reader, streams, config)
+            .run(
+                |_app, counts: Arc<(AtomicUsize, AtomicUsize)>| async move {
+                    let now = counts.0.fetch_add(1, Ordering::SeqCst) + 1;
+                    counts.1.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    counts.0.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(kube::runtime::controller::Action::await_change())
+                },
+                |_, _, _| kube::runtime::controller::Action::await_change(),
+                counts.clone(),
+            )
+            .take(count)
+            .filter(|r| futures::future::ready(r.is_ok()))
+            .count();
+        let reconciled = tokio::time::timeout(Duration::from_secs(20), reconciled).await.expect("every App reconciled");
+        assert_eq!(reconciled, count, "every App reconciled once");
+        counts.1.load(Ordering::SeqCst)
+    }
+
+    /// A namespace's Apps take turns three at a time; a controller of every namespace has no
+    /// bound (the replica's slots bound it).
+    #[tokio::test]
+    async fn a_namespace_has_at_most_its_share_of_reconciles_in_flight() {
+        let namespace = Scope::Namespace("team".to_string());
+        assert_eq!(most_in_flight(12, controller_config(&namespace, 3)).await, 3);
+        assert_eq!(most_in_flight(12, controller_config(&namespace, 0)).await, 12, "0: no bound");
+        assert_eq!(most_in_flight(12, controller_config(&Scope::All, 3)).await, 12);
     }
 
     /// What the readiness task relies on.

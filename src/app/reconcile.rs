@@ -1200,6 +1200,7 @@ mod tests {
             slots: Some(slots.clone()),
             pod_policy: Arc::default(),
             streaming_lists: false,
+            reconciles_per_namespace: 0,
         };
         // Its watch streams are never polled: its caches never list.
         let (ctx, _streams) = context(client, &Scope::Namespace("shop".into()), shared, None);

@@ -67,6 +67,8 @@ pub struct Settings {
     pub namespaces_per_connection: usize,
     /// Requests to the apiserver in flight at once, Lease requests excepted.
     pub max_requests_in_flight: usize,
+    /// Reconciles of one namespace's Apps in flight at once (0: no bound).
+    pub reconciles_per_namespace: u16,
     /// How long a sent request waits for its answer.
     pub request_timeout: Duration,
     /// A replica whose requests go unanswered this long while its Leases are answered is
@@ -133,6 +135,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         protocol: Protocol::Http1,
         namespaces_per_connection: 1,
         max_requests_in_flight: 1,
+        reconciles_per_namespace: 0,
         request_timeout: Duration::from_secs(30),
         stuck_after: Duration::from_secs(30),
         shutdown_grace: Duration::from_secs(10),
@@ -333,6 +336,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         // Twice the requests in flight: a reconcile sends its requests one after the other.
         slots: Some(Arc::new(tokio::sync::Semaphore::new(settings.max_requests_in_flight.max(1) * 2))),
         pod_policy: Arc::new(settings.pod_policy.clone()),
+        reconciles_per_namespace: settings.reconciles_per_namespace,
     };
     match &settings.namespace {
         // Single-namespace mode: the operator was given rights in this namespace directly.
