@@ -209,10 +209,10 @@ pub struct RunArgs {
     /// Bounds the burst (and the memory) when a replica starts serving many namespaces.
     #[arg(long, env = "FLOTILLA_MAX_REQUESTS_IN_FLIGHT", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_requests_in_flight: u16,
-    /// Reconciles of one namespace's Apps in flight at once (0: no bound). The others wait
-    /// their turn in their namespace, so that a namespace of thousands of Apps queues a few
-    /// at a time for the replica's reconcile slots (twice --max-requests-in-flight) among
-    /// the other namespaces' instead of all of them ahead.
+    /// Reconciles of one served namespace's Apps in flight at once (0: no bound; with
+    /// --namespace, none). The others wait their turn in their namespace, so that a namespace
+    /// of thousands of Apps queues a few at a time for the replica's reconcile slots (twice
+    /// --max-requests-in-flight) among the other namespaces' instead of all of them ahead.
     #[arg(long, env = "FLOTILLA_RECONCILES_PER_NAMESPACE", default_value_t = 3)]
     pub reconciles_per_namespace: u16,
     /// How long a request to the apiserver waits for its answer (its response's head) once

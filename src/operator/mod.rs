@@ -67,7 +67,8 @@ pub struct Settings {
     pub namespaces_per_connection: usize,
     /// Requests to the apiserver in flight at once, Lease requests excepted.
     pub max_requests_in_flight: usize,
-    /// Reconciles of one namespace's Apps in flight at once (0: no bound).
+    /// Reconciles of one served namespace's Apps in flight at once (0: no bound; none with
+    /// `namespace`).
     pub reconciles_per_namespace: u16,
     /// How long a sent request waits for its answer.
     pub request_timeout: Duration,
@@ -336,7 +337,8 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         // Twice the requests in flight: a reconcile sends its requests one after the other.
         slots: Some(Arc::new(tokio::sync::Semaphore::new(settings.max_requests_in_flight.max(1) * 2))),
         pod_policy: Arc::new(settings.pod_policy.clone()),
-        reconciles_per_namespace: settings.reconciles_per_namespace,
+        // One namespace alone: the replica's slots are its only bound.
+        reconciles_per_namespace: if settings.namespace.is_some() { 0 } else { settings.reconciles_per_namespace },
     };
     match &settings.namespace {
         // Single-namespace mode: the operator was given rights in this namespace directly.

@@ -19,6 +19,10 @@ use super::scope::{ScopeError, scope_to_namespace};
 use crate::api::{App, Measurement, MeasurementResult, TenantPrometheus};
 use crate::telemetry::Metrics;
 
+/// How long a run waits for a turn before it is inconclusive: the turns are held by runs
+/// whose Prometheus hangs (a run that answers ends within `QUERY_TIMEOUT`).
+pub const TURN_WAIT: std::time::Duration = super::prometheus::QUERY_TIMEOUT;
+
 /// How many analysis runs may be in flight at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AnalysisLimits {
@@ -124,14 +128,31 @@ impl Analyzer {
                 }
             })
             .collect();
-        let _turn = match (&endpoint, prepared.iter().any(Result::is_ok)) {
-            (Ok(_), true) => self.turn(asker.key).await,
-            _ => None,
+        // No turn within TURN_WAIT: the runs in flight hang (queries end within their
+        // timeout). Nothing is asked then; the reconcile ends instead of waiting on, holding
+        // one of its namespace's few reconciles in flight (`app::controller::controller_config`).
+        let (_turn, no_turn) = match (&endpoint, prepared.iter().any(Result::is_ok)) {
+            (Ok(_), true) => match tokio::time::timeout(TURN_WAIT, self.turn(asker.key)).await {
+                Ok(turn) => (turn, None),
+                Err(_) => (
+                    None,
+                    Some(format!(
+                        "no analysis run of this replica could start within {}s: its {} runs for tenant {} or its {} runs in all are in flight",
+                        TURN_WAIT.as_secs(),
+                        self.limits.per_tenant,
+                        asker.key,
+                        self.limits.per_replica
+                    )),
+                ),
+            },
+            _ => (None, None),
         };
         let runs = analysis.metrics.iter().zip(prepared).map(|(check, prepared)| {
             let endpoint = endpoint.as_ref().ok();
+            let no_turn = no_turn.clone();
             async move {
                 let outcome = match (prepared, endpoint) {
+                    (Ok(_), Some(_)) if no_turn.is_some() => QueryOutcome::Inconclusive(no_turn.unwrap_or_default()),
                     (Ok(query), Some(endpoint)) => self.client.query(&endpoint.url, &query).await,
                     (Err(outcome), _) => outcome,
                     (Ok(_), None) => QueryOutcome::Invalid("no Prometheus to ask".into()),
@@ -167,5 +188,50 @@ mod tests {
         assert!(third.is_err(), "a third run of the same tenant waits");
         let other = tokio::time::timeout(Duration::from_millis(100), a.turn("quiet")).await;
         assert!(other.is_ok_and(|t| t.is_some()), "another tenant gets a turn at once");
+    }
+
+    /// A run that finds every turn held (their Prometheus hangs) stops waiting after
+    /// TURN_WAIT, asks nothing and is inconclusive: a rollout never advances on it, and the
+    /// reconcile that waited gives back its namespace's turn. The clock is paused.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_that_gets_no_turn_is_inconclusive_after_the_turn_wait() {
+        // Nothing listens on port 9: a query sent would fail at once, as Inconclusive too,
+        // but with another message.
+        let a = Analyzer::new(Some("http://127.0.0.1:9".into()), AnalysisLimits { per_replica: 4, per_tenant: 1 })
+            .expect("analyzer");
+        let app: App = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+            "metadata": {"name": "checkout", "namespace": "shop"},
+            "spec": {"image": "registry.example.com/shop/checkout", "version": "1.5.0", "replicas": 1,
+                     "rollout": {"analysis": {"metrics": [
+                         {"name": "errors", "query": "sum(rate(errors[1m]))", "max": 0.05},
+                         {"name": "latency", "query": "max(latency)", "max": 0.5}]}}}
+        }))
+        .expect("an App");
+        let metrics = Metrics::new().expect("metrics");
+        let held = a.turn("shop").await;
+        assert!(held.is_some());
+        let started = tokio::time::Instant::now();
+        let run = tokio::time::timeout(
+            TURN_WAIT * 3,
+            a.measure(&app, "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics),
+        )
+        .await
+        .expect("the run ends without a turn");
+        let waited = started.elapsed();
+        assert!(
+            waited >= TURN_WAIT && waited < TURN_WAIT + Duration::from_secs(1),
+            "it waited the turn wait: {waited:?}"
+        );
+        assert_eq!(run.measurements.len(), 2);
+        for m in &run.measurements {
+            assert_eq!(m.result, MeasurementResult::Inconclusive, "{m:?}");
+            assert!(m.message.as_deref().unwrap_or_default().contains("no analysis run"), "{m:?}");
+        }
+        drop(held);
+        let started = tokio::time::Instant::now();
+        let run = a.measure(&app, "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics).await;
+        assert!(started.elapsed() < TURN_WAIT, "with a turn free it does not wait for one");
+        assert!(run.measurements.iter().all(|m| !m.message.as_deref().unwrap_or_default().contains("no analysis run")));
     }
 }
