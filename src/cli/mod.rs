@@ -173,7 +173,8 @@ pub struct RunArgs {
     #[arg(long, env = "FLOTILLA_ANALYSIS_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub analysis_concurrency: u16,
     /// Analysis runs of one tenant in flight at once on this replica: a tenant whose Prometheus
-    /// hangs waits in its own line.
+    /// hangs waits in its own line. A run that gets no turn (of this or
+    /// --analysis-concurrency) within 20 s is inconclusive and asks nothing.
     #[arg(long, env = "FLOTILLA_ANALYSIS_CONCURRENCY_PER_TENANT", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub analysis_concurrency_per_tenant: u16,
     /// Serve the conversion webhook of the CRDs (every replica does; turn it off only where

@@ -19,9 +19,22 @@ use super::scope::{ScopeError, scope_to_namespace};
 use crate::api::{App, Measurement, MeasurementResult, TenantPrometheus};
 use crate::telemetry::Metrics;
 
-/// How long a run waits for a turn before it is inconclusive: the turns are held by runs
-/// whose Prometheus hangs (a run that answers ends within `QUERY_TIMEOUT`).
-pub const TURN_WAIT: std::time::Duration = super::prometheus::QUERY_TIMEOUT;
+/// How long a run waits for a turn before it is inconclusive. Only runs whose Prometheus
+/// hangs hold a turn long, and each ends within `QUERY_TIMEOUT`: twice that lets a run wait
+/// out a full round of them and the round queued behind it (eight tenants' hanging runs, at
+/// the default limits), and bounds how long a reconcile waits here holding one of its
+/// namespace's few turns (`app::controller::controller_config`).
+pub const TURN_WAIT: std::time::Duration =
+    std::time::Duration::from_secs(2 * super::prometheus::QUERY_TIMEOUT.as_secs());
+
+/// Which turns were all held when a run gave up waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Busy {
+    /// The tenant's own (`AnalysisLimits::per_tenant`).
+    Tenant,
+    /// The replica's (`AnalysisLimits::per_replica`), held by runs of every tenant.
+    Replica,
+}
 
 /// How many analysis runs may be in flight at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +58,8 @@ pub struct Analyzer {
     limits: AnalysisLimits,
     replica: Arc<Semaphore>,
     tenants: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
+    /// How long a run waits for its turns (`TURN_WAIT`; shorter in tests).
+    turn_wait: std::time::Duration,
 }
 
 /// Who asks: the tenant whose turns a run takes, and the endpoints its Tenant lists.
@@ -72,21 +87,39 @@ impl Analyzer {
             limits,
             replica: Arc::new(Semaphore::new(limits.per_replica)),
             tenants: Arc::default(),
+            turn_wait: TURN_WAIT,
         })
     }
 
-    /// Waits for a turn of `tenant`, then one of the replica.
-    async fn turn(&self, tenant: &str) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-        let own = {
-            let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
-            // Tenants with no run in flight or waiting are forgotten.
-            tenants.retain(|_, s| Arc::strong_count(s) > 1);
-            tenants
-                .entry(tenant.to_string())
-                .or_insert_with(|| Arc::new(Semaphore::new(self.limits.per_tenant)))
-                .clone()
+    /// Waits for a turn of `tenant`, then one of the replica, for at most `turn_wait` in all.
+    /// A turn given up on is given back (the wait is dropped with what it had taken).
+    async fn turn_within(&self, tenant: &str) -> Result<Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>, Busy> {
+        let deadline = tokio::time::Instant::now() + self.turn_wait;
+        let own = self.tenant_turns(tenant);
+        let own = match tokio::time::timeout_at(deadline, own.acquire_owned()).await {
+            Ok(Ok(own)) => own,
+            Ok(Err(_)) => return Ok(None),
+            Err(_) => return Err(Busy::Tenant),
         };
-        let own = own.acquire_owned().await.ok()?;
+        match tokio::time::timeout_at(deadline, self.replica.clone().acquire_owned()).await {
+            Ok(Ok(all)) => Ok(Some((own, all))),
+            Ok(Err(_)) => Ok(None),
+            Err(_) => Err(Busy::Replica),
+        }
+    }
+
+    /// The semaphore of `tenant`'s turns.
+    fn tenant_turns(&self, tenant: &str) -> Arc<Semaphore> {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        // Tenants with no run in flight or waiting are forgotten.
+        tenants.retain(|_, s| Arc::strong_count(s) > 1);
+        tenants.entry(tenant.to_string()).or_insert_with(|| Arc::new(Semaphore::new(self.limits.per_tenant))).clone()
+    }
+
+    /// Waits for a turn of `tenant`, then one of the replica.
+    #[cfg(test)]
+    async fn turn(&self, tenant: &str) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let own = self.tenant_turns(tenant).acquire_owned().await.ok()?;
         let all = self.replica.clone().acquire_owned().await.ok()?;
         Some((own, all))
     }
@@ -128,22 +161,20 @@ impl Analyzer {
                 }
             })
             .collect();
-        // No turn within TURN_WAIT: the runs in flight hang (queries end within their
-        // timeout). Nothing is asked then; the reconcile ends instead of waiting on, holding
-        // one of its namespace's few reconciles in flight (`app::controller::controller_config`).
+        // No turn within `turn_wait`: the runs in flight hang (queries end within their
+        // timeout). Nothing is asked then, and the reconcile goes on instead of waiting,
+        // holding one of its namespace's few turns (`app::controller::controller_config`).
         let (_turn, no_turn) = match (&endpoint, prepared.iter().any(Result::is_ok)) {
-            (Ok(_), true) => match tokio::time::timeout(TURN_WAIT, self.turn(asker.key)).await {
+            (Ok(_), true) => match self.turn_within(asker.key).await {
                 Ok(turn) => (turn, None),
-                Err(_) => (
-                    None,
-                    Some(format!(
-                        "no analysis run of this replica could start within {}s: its {} runs for tenant {} or its {} runs in all are in flight",
-                        TURN_WAIT.as_secs(),
-                        self.limits.per_tenant,
-                        asker.key,
-                        self.limits.per_replica
-                    )),
-                ),
+                Err(busy) => {
+                    let whose = match busy {
+                        Busy::Tenant => "this tenant's own runs in flight hold all its turns",
+                        Busy::Replica => "the replica's runs in flight, of every tenant, hold all its turns",
+                    };
+                    tracing::warn!(tenant = asker.key, ?busy, "an analysis run got no turn: inconclusive");
+                    (None, Some(format!("no analysis run could start within {}s: {whose}", self.turn_wait.as_secs())))
+                }
             },
             _ => (None, None),
         };
@@ -176,6 +207,7 @@ impl Analyzer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
     use std::time::Duration;
 
     /// A tenant that used up its turns (its Prometheus hangs) leaves the others theirs.
@@ -190,16 +222,9 @@ mod tests {
         assert!(other.is_ok_and(|t| t.is_some()), "another tenant gets a turn at once");
     }
 
-    /// A run that finds every turn held (their Prometheus hangs) stops waiting after
-    /// TURN_WAIT, asks nothing and is inconclusive: a rollout never advances on it, and the
-    /// reconcile that waited gives back its namespace's turn. The clock is paused.
-    #[tokio::test(start_paused = true)]
-    async fn a_run_that_gets_no_turn_is_inconclusive_after_the_turn_wait() {
-        // Nothing listens on port 9: a query sent would fail at once, as Inconclusive too,
-        // but with another message.
-        let a = Analyzer::new(Some("http://127.0.0.1:9".into()), AnalysisLimits { per_replica: 4, per_tenant: 1 })
-            .expect("analyzer");
-        let app: App = serde_json::from_value(serde_json::json!({
+    /// An App with two checks, both passing at 0.01.
+    fn checked() -> App {
+        serde_json::from_value(serde_json::json!({
             "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
             "metadata": {"name": "checkout", "namespace": "shop"},
             "spec": {"image": "registry.example.com/shop/checkout", "version": "1.5.0", "replicas": 1,
@@ -207,31 +232,77 @@ mod tests {
                          {"name": "errors", "query": "sum(rate(errors[1m]))", "max": 0.05},
                          {"name": "latency", "query": "max(latency)", "max": 0.5}]}}}
         }))
-        .expect("an App");
+        .expect("an App")
+    }
+
+    /// A Prometheus that answers 0.01 to every query, and the count of queries it got.
+    async fn prometheus() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let body = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1700000000,"0.01"]}]}}"#;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (url, asked, _) = crate::rollout::prometheus::tests::serve(head, None).await;
+        (url, asked)
+    }
+
+    fn analyzer(url: String, limits: AnalysisLimits) -> Analyzer {
+        let mut a = Analyzer::new(Some(url), limits).expect("analyzer");
+        a.turn_wait = Duration::from_millis(300);
+        a
+    }
+
+    fn results(run: &Run) -> Vec<(MeasurementResult, String)> {
+        run.measurements.iter().map(|m| (m.result, m.message.clone().unwrap_or_default())).collect()
+    }
+
+    /// A run that finds its tenant's turns all held (its Prometheus hangs) stops waiting
+    /// after the turn wait, asks nothing and is inconclusive: a rollout never advances on
+    /// it, and the reconcile that waited goes on. With a turn free it asks and passes.
+    #[tokio::test]
+    async fn a_run_that_gets_no_turn_is_inconclusive_and_asks_nothing() {
+        let (url, asked) = prometheus().await;
+        let a = analyzer(url, AnalysisLimits { per_replica: 4, per_tenant: 1 });
         let metrics = Metrics::new().expect("metrics");
         let held = a.turn("shop").await;
         assert!(held.is_some());
-        let started = tokio::time::Instant::now();
+        let started = std::time::Instant::now();
         let run = tokio::time::timeout(
-            TURN_WAIT * 3,
-            a.measure(&app, "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics),
+            Duration::from_secs(10),
+            a.measure(&checked(), "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics),
         )
         .await
         .expect("the run ends without a turn");
-        let waited = started.elapsed();
-        assert!(
-            waited >= TURN_WAIT && waited < TURN_WAIT + Duration::from_secs(1),
-            "it waited the turn wait: {waited:?}"
-        );
-        assert_eq!(run.measurements.len(), 2);
-        for m in &run.measurements {
-            assert_eq!(m.result, MeasurementResult::Inconclusive, "{m:?}");
-            assert!(m.message.as_deref().unwrap_or_default().contains("no analysis run"), "{m:?}");
+        assert!(started.elapsed() >= a.turn_wait, "it waited for a turn first");
+        for (result, message) in results(&run) {
+            assert_eq!(result, MeasurementResult::Inconclusive, "{message}");
+            assert!(message.contains("this tenant's own runs in flight hold all its turns"), "{message}");
         }
+        assert_eq!(run.measurements.len(), 2);
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing was asked");
         drop(held);
-        let started = tokio::time::Instant::now();
-        let run = a.measure(&app, "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics).await;
-        assert!(started.elapsed() < TURN_WAIT, "with a turn free it does not wait for one");
-        assert!(run.measurements.iter().all(|m| !m.message.as_deref().unwrap_or_default().contains("no analysis run")));
+        let run = a.measure(&checked(), "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics).await;
+        assert_eq!(results(&run).iter().map(|r| r.0).collect::<Vec<_>>(), [MeasurementResult::Pass; 2], "{run:?}");
+        assert_eq!(asked.load(Ordering::SeqCst), 2, "each check asked once");
+    }
+
+    /// A run that took its tenant's turn and then found the replica's all held (other
+    /// tenants' runs) gives its tenant's turn back when it stops waiting.
+    #[tokio::test]
+    async fn a_run_that_gives_up_on_the_replicas_turns_keeps_none_of_its_tenants() {
+        let (url, asked) = prometheus().await;
+        let a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
+        let metrics = Metrics::new().expect("metrics");
+        let other = a.turn("bank").await;
+        assert!(other.is_some());
+        let run = a.measure(&checked(), "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics).await;
+        for (result, message) in results(&run) {
+            assert_eq!(result, MeasurementResult::Inconclusive, "{message}");
+            assert!(message.contains("the replica's runs in flight"), "{message}");
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing was asked");
+        drop(other);
+        let mine = tokio::time::timeout(Duration::from_millis(100), a.turn("shop")).await;
+        assert!(mine.is_ok_and(|t| t.is_some()), "the tenant's only turn was given back");
     }
 }

@@ -337,7 +337,7 @@ pub fn interpret_range(answer: &Answer) -> Result<Vec<(i64, f64)>, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn json(code: u16, body: &str) -> QueryOutcome {
@@ -416,7 +416,7 @@ mod tests {
 
     /// A local server answering every request with `head` and then `body` chunks until the
     /// client goes away; counts requests and bytes of body sent.
-    async fn serve(
+    pub(crate) async fn serve(
         head: String,
         chunk: Option<Vec<u8>>,
     ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>, std::sync::Arc<std::sync::atomic::AtomicU64>) {
