@@ -303,7 +303,8 @@ async fn reconcile_app(
         // Queries name versions (image tags), not revisions.
         let stable_revision = plan.status.current_version.clone().unwrap_or_default();
         let stable_version = crate::api::template::version_of(&stable_revision).to_string();
-        // A run can wait up to the query timeout: it takes analysis turns, not a reconcile slot.
+        // A run can wait up to `rollout::measure::TURN_WAIT` for its analysis turns and then the
+        // query timeout: it takes analysis turns, not a reconcile slot.
         drop(slot.take());
         measurements = ctx.measure(&app, &stable_version).await.measurements;
         *slot = ctx.slot().await;
