@@ -179,12 +179,15 @@ impl Analyzer {
             },
             _ => (None, None),
         };
+        // Without a turn, each query's outcome is known without asking, as a refusal's is.
+        let prepared = prepared.into_iter().map(|p| match (&no_turn, p) {
+            (Some(why), Ok(_)) => Err(QueryOutcome::Inconclusive(why.clone())),
+            (_, p) => p,
+        });
         let runs = analysis.metrics.iter().zip(prepared).map(|(check, prepared)| {
             let endpoint = endpoint.as_ref().ok();
-            let no_turn = no_turn.clone();
             async move {
                 let outcome = match (prepared, endpoint) {
-                    (Ok(_), Some(_)) if no_turn.is_some() => QueryOutcome::Inconclusive(no_turn.unwrap_or_default()),
                     (Ok(query), Some(endpoint)) => self.client.query(&endpoint.url, &query).await,
                     (Err(outcome), _) => outcome,
                     (Ok(_), None) => QueryOutcome::Invalid("no Prometheus to ask".into()),
@@ -253,6 +256,14 @@ mod tests {
         a
     }
 
+    /// One run of `checked()` for tenant "shop"; a run that does not end fails the test
+    /// instead of hanging it.
+    async fn measured(a: &Analyzer, metrics: &Metrics) -> Run {
+        let app = checked();
+        let run = a.measure(&app, "1.4.0", Asker { key: "shop", endpoints: &[] }, metrics);
+        tokio::time::timeout(Duration::from_secs(10), run).await.expect("the run ends")
+    }
+
     fn results(run: &Run) -> Vec<(MeasurementResult, String)> {
         run.measurements.iter().map(|m| (m.result, m.message.clone().unwrap_or_default())).collect()
     }
@@ -268,12 +279,7 @@ mod tests {
         let held = a.turn("shop").await;
         assert!(held.is_some());
         let started = std::time::Instant::now();
-        let run = tokio::time::timeout(
-            Duration::from_secs(10),
-            a.measure(&checked(), "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics),
-        )
-        .await
-        .expect("the run ends without a turn");
+        let run = measured(&a, &metrics).await;
         assert!(started.elapsed() >= a.turn_wait, "it waited for a turn first");
         for (result, message) in results(&run) {
             assert_eq!(result, MeasurementResult::Inconclusive, "{message}");
@@ -282,7 +288,7 @@ mod tests {
         assert_eq!(run.measurements.len(), 2);
         assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing was asked");
         drop(held);
-        let run = a.measure(&checked(), "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics).await;
+        let run = measured(&a, &metrics).await;
         assert_eq!(results(&run).iter().map(|r| r.0).collect::<Vec<_>>(), [MeasurementResult::Pass; 2], "{run:?}");
         assert_eq!(asked.load(Ordering::SeqCst), 2, "each check asked once");
     }
@@ -296,12 +302,7 @@ mod tests {
         let metrics = Metrics::new().expect("metrics");
         let other = a.turn("bank").await;
         assert!(other.is_some());
-        let run = tokio::time::timeout(
-            Duration::from_secs(10),
-            a.measure(&checked(), "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics),
-        )
-        .await
-        .expect("the run ends without the replica's turn");
+        let run = measured(&a, &metrics).await;
         for (result, message) in results(&run) {
             assert_eq!(result, MeasurementResult::Inconclusive, "{message}");
             assert!(message.contains("the replica's runs in flight"), "{message}");
@@ -327,7 +328,7 @@ mod tests {
             drop(own);
         });
         let started = tokio::time::Instant::now();
-        let run = a.measure(&checked(), "1.4.0", Asker { key: "shop", endpoints: &[] }, &metrics).await;
+        let run = measured(&a, &metrics).await;
         let waited = started.elapsed();
         assert!(results(&run).iter().all(|r| r.0 == MeasurementResult::Inconclusive), "{run:?}");
         assert!(waited >= a.turn_wait && waited < a.turn_wait + Duration::from_millis(100), "waited {waited:?}");
