@@ -2,39 +2,29 @@
 //! every check's query and limit it to the App's namespace on a shared Prometheus, run them
 //! (concurrently, each with a timeout) and judge the answers.
 //!
-//! Runs take turns: at most `AnalysisLimits::per_tenant` runs of one tenant and
-//! `AnalysisLimits::per_replica` runs in all are in flight at once, so a tenant whose
-//! Prometheus hangs holds only its own turns (the reconciler releases its reconcile slot while
-//! it waits here, see `app::reconcile`).
+//! Runs take turns (`turns`): at most `AnalysisLimits::per_tenant` runs of one tenant and
+//! `AnalysisLimits::per_replica` runs in all are in flight at once, and a turn that comes free
+//! goes to the waiting tenant that holds the fewest, so a tenant whose Prometheus hangs holds
+//! only its own turns and never gets ahead of a tenant that holds fewer (the reconciler
+//! releases its reconcile slot while it waits here, see `app::reconcile`).
 
 use futures::future::join_all;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::analysis::{QueryOutcome, TemplateValues, judge, render};
 use super::endpoints::{Endpoint, Refusal, choose};
 use super::prometheus::{ClientError, PrometheusClient};
 use super::scope::{ScopeError, scope_to_namespace};
+use super::turns::{Busy, Turns};
 use crate::api::{App, Measurement, MeasurementResult, TenantPrometheus};
 use crate::telemetry::Metrics;
 
 /// How long a run waits for a turn before it is inconclusive. Only runs whose Prometheus
-/// hangs hold a turn long, and each ends within `QUERY_TIMEOUT`: twice that lets a run wait
-/// out a full round of them and the round queued behind it (eight tenants' hanging runs, at
-/// the default limits), and bounds how long a reconcile waits here holding one of its
-/// namespace's few turns (`app::controller::controller_config`).
+/// hangs hold a turn long, and each ends within `QUERY_TIMEOUT`: a tenant that holds fewer
+/// turns than the hanging ones gets the first that comes free, so twice that is a full round
+/// to spare. It also bounds how long a reconcile waits here holding one of its namespace's
+/// few turns (`app::controller::controller_config`).
 pub const TURN_WAIT: std::time::Duration =
     std::time::Duration::from_secs(2 * super::prometheus::QUERY_TIMEOUT.as_secs());
-
-/// Which turns were all held when a run gave up waiting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Busy {
-    /// The tenant's own (`AnalysisLimits::per_tenant`).
-    Tenant,
-    /// The replica's (`AnalysisLimits::per_replica`), held by runs of every tenant.
-    Replica,
-}
 
 /// How many analysis runs may be in flight at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,9 +45,7 @@ impl Default for AnalysisLimits {
 pub struct Analyzer {
     client: PrometheusClient,
     default_url: Option<String>,
-    limits: AnalysisLimits,
-    replica: Arc<Semaphore>,
-    tenants: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
+    turns: Turns,
     /// How long a run waits for its turns (`TURN_WAIT`; shorter in tests).
     turn_wait: std::time::Duration,
 }
@@ -80,48 +68,12 @@ pub struct Run {
 
 impl Analyzer {
     pub fn new(default_url: Option<String>, limits: AnalysisLimits) -> Result<Self, ClientError> {
-        let limits = AnalysisLimits { per_replica: limits.per_replica.max(1), per_tenant: limits.per_tenant.max(1) };
         Ok(Self {
             client: PrometheusClient::new()?,
             default_url: default_url.filter(|u| !u.trim().is_empty()),
-            limits,
-            replica: Arc::new(Semaphore::new(limits.per_replica)),
-            tenants: Arc::default(),
+            turns: Turns::new(limits.per_replica, limits.per_tenant),
             turn_wait: TURN_WAIT,
         })
-    }
-
-    /// Waits for a turn of `tenant`, then one of the replica, for at most `turn_wait` in all.
-    /// A turn given up on is given back (the wait is dropped with what it had taken).
-    async fn turn_within(&self, tenant: &str) -> Result<Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>, Busy> {
-        let deadline = tokio::time::Instant::now() + self.turn_wait;
-        let own = self.tenant_turns(tenant);
-        let own = match tokio::time::timeout_at(deadline, own.acquire_owned()).await {
-            Ok(Ok(own)) => own,
-            Ok(Err(_)) => return Ok(None),
-            Err(_) => return Err(Busy::Tenant),
-        };
-        match tokio::time::timeout_at(deadline, self.replica.clone().acquire_owned()).await {
-            Ok(Ok(all)) => Ok(Some((own, all))),
-            Ok(Err(_)) => Ok(None),
-            Err(_) => Err(Busy::Replica),
-        }
-    }
-
-    /// The semaphore of `tenant`'s turns.
-    fn tenant_turns(&self, tenant: &str) -> Arc<Semaphore> {
-        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
-        // Tenants with no run in flight or waiting are forgotten.
-        tenants.retain(|_, s| Arc::strong_count(s) > 1);
-        tenants.entry(tenant.to_string()).or_insert_with(|| Arc::new(Semaphore::new(self.limits.per_tenant))).clone()
-    }
-
-    /// Waits for a turn of `tenant`, then one of the replica.
-    #[cfg(test)]
-    async fn turn(&self, tenant: &str) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-        let own = self.tenant_turns(tenant).acquire_owned().await.ok()?;
-        let all = self.replica.clone().acquire_owned().await.ok()?;
-        Some((own, all))
     }
 
     /// Why `app` may not use the Prometheus it names (`None` when it may, or has no analysis).
@@ -165,8 +117,8 @@ impl Analyzer {
         // timeout). Nothing is asked then, and the reconcile goes on instead of waiting,
         // holding one of its namespace's few turns (`app::controller::controller_config`).
         let (_turn, no_turn) = match (&endpoint, prepared.iter().any(Result::is_ok)) {
-            (Ok(_), true) => match self.turn_within(asker.key).await {
-                Ok(turn) => (turn, None),
+            (Ok(_), true) => match self.turns.take(asker.key, tokio::time::Instant::now() + self.turn_wait).await {
+                Ok(turn) => (Some(turn), None),
                 Err(busy) => {
                     let whose = match busy {
                         Busy::Tenant => "this tenant's own runs in flight hold all its turns",
@@ -211,19 +163,13 @@ impl Analyzer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
-    /// A tenant that used up its turns (its Prometheus hangs) leaves the others theirs.
-    #[tokio::test]
-    async fn one_tenant_cannot_take_another_tenants_turns() {
-        let a = Analyzer::new(None, AnalysisLimits { per_replica: 4, per_tenant: 2 }).expect("analyzer");
-        let held = [a.turn("greedy").await, a.turn("greedy").await];
-        assert!(held.iter().all(Option::is_some));
-        let third = tokio::time::timeout(Duration::from_millis(100), a.turn("greedy")).await;
-        assert!(third.is_err(), "a third run of the same tenant waits");
-        let other = tokio::time::timeout(Duration::from_millis(100), a.turn("quiet")).await;
-        assert!(other.is_ok_and(|t| t.is_some()), "another tenant gets a turn at once");
+    /// A turn of `tenant`, taken at once or never.
+    async fn turn(a: &Analyzer, tenant: &str) -> Option<crate::rollout::turns::Turn> {
+        a.turns.take(tenant, tokio::time::Instant::now() + Duration::from_millis(100)).await.ok()
     }
 
     /// An App with two checks, both passing at 0.01.
@@ -276,7 +222,7 @@ mod tests {
         let (url, asked) = prometheus().await;
         let a = analyzer(url, AnalysisLimits { per_replica: 4, per_tenant: 1 });
         let metrics = Metrics::new().expect("metrics");
-        let held = a.turn("shop").await;
+        let held = turn(&a, "shop").await;
         assert!(held.is_some());
         let started = std::time::Instant::now();
         let run = measured(&a, &metrics).await;
@@ -293,14 +239,14 @@ mod tests {
         assert_eq!(asked.load(Ordering::SeqCst), 2, "each check asked once");
     }
 
-    /// A run that took its tenant's turn and then found the replica's all held (other
-    /// tenants' runs) gives its tenant's turn back when it stops waiting.
+    /// A run that finds the replica's turns all held by other tenants' runs says so when it
+    /// stops waiting, and holds no turn afterwards.
     #[tokio::test]
-    async fn a_run_that_gives_up_on_the_replicas_turns_keeps_none_of_its_tenants() {
+    async fn a_run_that_gives_up_on_the_replicas_turns_holds_none() {
         let (url, asked) = prometheus().await;
         let a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
         let metrics = Metrics::new().expect("metrics");
-        let other = a.turn("bank").await;
+        let other = turn(&a, "bank").await;
         assert!(other.is_some());
         let run = measured(&a, &metrics).await;
         for (result, message) in results(&run) {
@@ -309,24 +255,17 @@ mod tests {
         }
         assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing was asked");
         drop(other);
-        let mine = tokio::time::timeout(Duration::from_millis(100), a.turn("shop")).await;
-        assert!(mine.is_ok_and(|t| t.is_some()), "the tenant's only turn was given back");
+        assert!(turn(&a, "shop").await.is_some(), "the run that gave up holds no turn");
     }
 
-    /// The tenant's turns and the replica's share one wait: a run that gets its tenant's
-    /// turn late waits for the replica's only what is left. The clock is paused (nothing is
+    /// A run waits for a turn the turn wait and no more. The clock is paused (nothing is
     /// asked: the run gets no turn).
     #[tokio::test(start_paused = true)]
-    async fn the_two_waits_for_turns_share_one_deadline() {
+    async fn a_run_waits_for_a_turn_no_longer_than_the_turn_wait() {
         let a = analyzer("http://127.0.0.1:9".into(), AnalysisLimits { per_replica: 1, per_tenant: 1 });
         let metrics = Metrics::new().expect("metrics");
-        let other = a.turn("bank").await;
+        let other = turn(&a, "bank").await;
         assert!(other.is_some(), "the replica's only turn, held all along");
-        let own = a.tenant_turns("shop").acquire_owned().await.expect("the tenant's only turn");
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            drop(own);
-        });
         let started = tokio::time::Instant::now();
         let run = measured(&a, &metrics).await;
         let waited = started.elapsed();

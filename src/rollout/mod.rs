@@ -8,6 +8,7 @@ pub mod planner;
 pub mod prometheus;
 pub mod replicas;
 pub mod scope;
+pub mod turns;
 pub mod workload;
 
 pub use measure::{AnalysisLimits, Analyzer, Asker, Run};
