@@ -4,9 +4,10 @@
 //!
 //! Runs take turns (`turns`): at most `AnalysisLimits::per_tenant` runs of one tenant and
 //! `AnalysisLimits::per_replica` runs in all are in flight at once, and a turn that comes free
-//! goes to the waiting tenant that holds the fewest, so a tenant whose Prometheus hangs holds
-//! only its own turns and never gets ahead of a tenant that holds fewer (the reconciler
-//! releases its reconcile slot while it waits here, see `app::reconcile`).
+//! goes to the waiting tenant that has used the fewest turn-seconds lately, so a tenant whose
+//! Prometheus hangs holds only its own turns and never gets ahead of one whose Prometheus
+//! answers (the reconciler releases its reconcile slot while it waits here, see
+//! `app::reconcile`).
 
 use futures::future::join_all;
 
@@ -19,8 +20,8 @@ use crate::api::{App, Measurement, MeasurementResult, TenantPrometheus};
 use crate::telemetry::Metrics;
 
 /// How long a run waits for a turn before it is inconclusive. Only runs whose Prometheus
-/// hangs hold a turn long, and each ends within `QUERY_TIMEOUT`: a tenant that holds fewer
-/// turns than the hanging ones gets the first that comes free, so twice that is a full round
+/// hangs hold a turn long, and each ends within `QUERY_TIMEOUT`: a tenant that used turns
+/// less than the hanging ones gets the first that comes free, so twice that is a full round
 /// to spare. It also bounds how long a reconcile waits here holding one of its namespace's
 /// few turns (`app::controller::controller_config`).
 pub const TURN_WAIT: std::time::Duration =
@@ -256,6 +257,35 @@ mod tests {
         assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing was asked");
         drop(other);
         assert!(turn(&a, "shop").await.is_some(), "the run that gave up holds no turn");
+    }
+
+    /// A run holds its turn while its queries are in flight (here against a server that
+    /// accepts and never answers), and gives it back when it ends.
+    #[tokio::test]
+    async fn a_run_holds_its_turn_while_it_asks() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                open.push(stream);
+            }
+        });
+        let a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
+        let run = tokio::spawn({
+            let a = a.clone();
+            async move {
+                a.measure(&checked(), "1.4.0", Asker { key: "shop", endpoints: &[] }, &Metrics::new().expect("metrics"))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!run.is_finished(), "the run waits for its answers");
+        assert!(turn(&a, "bank").await.is_none(), "the only turn is held by the run in flight");
+        run.abort();
+        assert!(run.await.is_err(), "stopped");
+        assert!(turn(&a, "bank").await.is_some(), "and given back when it ended");
+        held.abort();
     }
 
     /// A run waits for a turn the turn wait and no more. The clock is paused (nothing is

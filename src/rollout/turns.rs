@@ -1,28 +1,38 @@
 //! Analysis turns: how many analysis runs a replica has in flight at once, and who goes
 //! next. At most `per_replica` runs hold a turn, at most `per_tenant` of them of one tenant,
-//! and a turn that comes free goes to the waiting tenant that holds the fewest (the longest
-//! waiting among equals; a tenant's own runs in the order they came).
+//! and a turn that comes free goes to the waiting tenant that has used the fewest
+//! turn-seconds lately (the time its runs held turns, halved every `HALF_LIFE`, counting
+//! the turns it holds now); the longest waiting among equals, a tenant's own runs in the
+//! order they came.
 //!
-//! Tenants whose Prometheus hangs hold their turns until each query's timeout. With a queue
-//! in arrival order, their next runs would wait among everyone else's and take the turns
-//! back as they came free, so a handful of such tenants could keep the others waiting for
-//! rounds of timeouts. Here a tenant with no run in flight takes the first turn that comes
-//! free, ahead of the runs of tenants that already hold some.
+//! Tenants whose Prometheus hangs hold each turn until the query's timeout, so they use
+//! turns a thousand times faster than a tenant whose Prometheus answers at once, and the
+//! latter takes the first turn that comes free ahead of all of them. A queue in arrival
+//! order would have let them take back every turn they gave up, and so would counting only
+//! the turns held at the moment: a hanging tenant that just gave its one turn back holds as
+//! few as a quiet one, and its next run has waited longer.
 //!
 //! Written here rather than taken from a crate: tokio's semaphore is first come, first
 //! served, and no maintained crate keys a semaphore's waiters by tenant.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+/// How quickly past use is forgotten: a turn-second counts half after this long.
+const HALF_LIFE: Duration = Duration::from_secs(30);
+
+/// Use below this (turn-seconds) with nothing held or waiting: the tenant is forgotten.
+const FORGOTTEN: f64 = 0.001;
 
 /// Which turns were all held when a run gave up waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Busy {
     /// The tenant's own (`per_tenant`).
     Tenant,
-    /// The replica's (`per_replica`), held by runs of tenants that hold no more than this one.
+    /// The replica's (`per_replica`), held by runs of other tenants.
     Replica,
 }
 
@@ -35,6 +45,8 @@ pub struct Turns {
 #[derive(Debug)]
 struct Pool {
     per_tenant: usize,
+    /// Times are kept as seconds since this instant.
+    epoch: Instant,
     state: Mutex<State>,
 }
 
@@ -43,15 +55,38 @@ struct State {
     free: usize,
     /// Arrival order of the waiting runs.
     next: u64,
-    /// Tenants with a run in flight or waiting; others are forgotten.
+    /// Tenants with a run in flight or waiting, or some recent use.
     tenants: HashMap<String, Line>,
 }
 
-/// One tenant's turns held, and its runs waiting in the order they came.
+/// One tenant's turns: held, used, and its runs waiting in the order they came.
 #[derive(Debug, Default)]
 struct Line {
     held: usize,
+    /// The sum of the times the turns held were handed out.
+    held_since: f64,
+    /// Turn-seconds of the turns given back, halved every `HALF_LIFE`, as of `used_at`.
+    used: f64,
+    used_at: f64,
     waiting: VecDeque<(u64, oneshot::Sender<Turn>)>,
+}
+
+impl Line {
+    /// Turn-seconds used lately, the turns held now included.
+    fn usage(&self, now: f64) -> f64 {
+        self.decayed(now) + self.held as f64 * now - self.held_since
+    }
+
+    fn decayed(&self, now: f64) -> f64 {
+        self.used * 0.5f64.powf((now - self.used_at).max(0.0) / HALF_LIFE.as_secs_f64())
+    }
+
+    /// Drops the runs at the front that stopped waiting.
+    fn skip_stopped(&mut self) {
+        while self.waiting.front().is_some_and(|(_, tx)| tx.is_closed()) {
+            self.waiting.pop_front();
+        }
+    }
 }
 
 /// A turn: given back, and handed to the next run, when dropped.
@@ -60,12 +95,14 @@ pub struct Turn {
     /// `None` once given back (or never handed out).
     pool: Option<Arc<Pool>>,
     tenant: String,
+    /// When it was handed out.
+    since: f64,
 }
 
 impl Turns {
     pub fn new(per_replica: usize, per_tenant: usize) -> Self {
         let state = State { free: per_replica.max(1), ..State::default() };
-        Self { pool: Arc::new(Pool { per_tenant: per_tenant.max(1), state: Mutex::new(state) }) }
+        Self { pool: Arc::new(Pool { per_tenant: per_tenant.max(1), epoch: Instant::now(), state: Mutex::new(state) }) }
     }
 
     /// Waits until `deadline` for a turn of `tenant`. Cancel-safe: a run that stops waiting
@@ -76,7 +113,10 @@ impl Turns {
             let (tx, rx) = oneshot::channel();
             let order = state.next;
             state.next += 1;
-            state.tenants.entry(tenant.to_string()).or_default().waiting.push_back((order, tx));
+            let line = state.tenants.entry(tenant.to_string()).or_default();
+            // The tenant's runs that stopped waiting leave their place.
+            line.waiting.retain(|(_, tx)| !tx.is_closed());
+            line.waiting.push_back((order, tx));
             self.pool.hand_out(&mut state);
             rx
         };
@@ -104,34 +144,44 @@ impl Pool {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Hands free turns to waiting runs: each to the first run of the tenant that holds the
-    /// fewest, among tenants under their own limit.
+    fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64()
+    }
+
+    /// Hands free turns to waiting runs: each to the first run of the tenant that has used
+    /// the fewest turn-seconds lately, among tenants under their own limit.
     fn hand_out(self: &Arc<Self>, state: &mut State) {
-        // Runs that stopped waiting leave their place; tenants with nothing left are forgotten.
+        if state.free == 0 {
+            return;
+        }
+        let now = self.now();
         state.tenants.retain(|_, line| {
-            line.waiting.retain(|(_, tx)| !tx.is_closed());
-            line.held > 0 || !line.waiting.is_empty()
+            line.skip_stopped();
+            line.held > 0 || !line.waiting.is_empty() || line.decayed(now) >= FORGOTTEN
         });
         while state.free > 0 {
             let next = state
                 .tenants
                 .iter()
                 .filter(|(_, line)| line.held < self.per_tenant)
-                .filter_map(|(tenant, line)| line.waiting.front().map(|(order, _)| ((line.held, *order), tenant)))
-                .min()
-                .map(|(_, tenant)| tenant.clone());
+                .filter_map(|(tenant, line)| line.waiting.front().map(|(order, _)| (line.usage(now), *order, tenant)))
+                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+                .map(|(_, _, tenant)| tenant.clone());
             let Some(tenant) = next else { return };
             let Some(line) = state.tenants.get_mut(&tenant) else { return };
             let Some((_, tx)) = line.waiting.pop_front() else { return };
             line.held += 1;
+            line.held_since += now;
             state.free -= 1;
             // Once sent, only the receiver can drop the turn (tokio's oneshot), so a turn is
             // never given back here, under the lock. A run that stopped waiting gets nothing.
-            if let Err(mut unsent) = tx.send(Turn { pool: Some(self.clone()), tenant }) {
+            if let Err(mut unsent) = tx.send(Turn { pool: Some(self.clone()), tenant, since: now }) {
                 unsent.pool = None;
                 line.held -= 1;
+                line.held_since -= now;
                 state.free += 1;
             }
+            line.skip_stopped();
         }
     }
 }
@@ -139,9 +189,13 @@ impl Pool {
 impl Drop for Turn {
     fn drop(&mut self) {
         let Some(pool) = self.pool.take() else { return };
+        let now = pool.now();
         let mut state = pool.lock();
         if let Some(line) = state.tenants.get_mut(&self.tenant) {
+            line.used = line.decayed(now) + (now - self.since).max(0.0);
+            line.used_at = now;
             line.held = line.held.saturating_sub(1);
+            line.held_since = if line.held == 0 { 0.0 } else { line.held_since - self.since };
         }
         state.free += 1;
         pool.hand_out(&mut state);
@@ -205,17 +259,48 @@ mod tests {
         drop(quiet);
     }
 
-    /// Equal holders are served in the order their runs came, and one tenant's runs too.
+    /// A tenant whose run held a turn for a query's timeout, and gives it back holding none,
+    /// does not take it back ahead of a tenant that used none, although its next run came
+    /// first: counting the turns held at that moment alone would tie them.
     #[tokio::test(start_paused = true)]
-    async fn equal_holders_go_in_the_order_they_came() {
+    async fn a_free_turn_goes_to_the_tenant_that_used_the_fewest_lately() {
+        let turns = Turns::new(1, 8);
+        let hanging = turns.take("hanging", later()).await.expect("the only turn");
+        let mut next = Vec::new();
+        for _ in 0..2 {
+            let turns = turns.clone();
+            next.push(tokio::spawn(async move { turns.take("hanging", later()).await }));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let quiet = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.take("quiet", later()).await }
+        });
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        drop(hanging);
+        let quiet = tokio::time::timeout(Duration::from_millis(100), quiet).await;
+        let quiet = quiet.expect("in time").expect("joined").expect("the quiet tenant got the free turn");
+        assert!(next.iter().all(|n| !n.is_finished()), "the hanging tenant's next runs still wait");
+        drop(quiet);
+        for n in next {
+            let turn = tokio::time::timeout(Duration::from_millis(100), n).await;
+            assert!(turn.is_ok_and(|t| t.is_ok_and(|t| t.is_ok())), "then they go, one after the other");
+        }
+    }
+
+    /// Among tenants that used as little, the run that came first goes first; a tenant's own
+    /// runs go in the order they came, after tenants that used less meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn equal_users_go_in_the_order_they_came() {
         let turns = Turns::new(1, 2);
         let held = turns.take("a", later()).await.expect("the only turn");
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut waiting = Vec::new();
-        for (tenant, run) in [("b", 1), ("c", 1), ("b", 2)] {
+        for (tenant, run) in [("b", 1), ("b", 2), ("c", 1)] {
             let (turns, order) = (turns.clone(), order.clone());
             waiting.push(tokio::spawn(async move {
                 let turn = turns.take(tenant, later()).await;
+                assert!(turn.is_ok(), "{tenant}{run} got a turn");
                 order.lock().expect("order").push(format!("{tenant}{run}"));
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 drop(turn);
@@ -251,6 +336,8 @@ mod tests {
         assert_eq!(turns.free(), 0);
         drop(again);
         assert_eq!(turns.free(), 1);
-        assert!(turns.pool.lock().tenants.is_empty(), "tenants with nothing in flight are forgotten");
+        tokio::time::sleep(HALF_LIFE * 20).await;
+        drop(turns.take("d", soon()).await);
+        assert!(turns.pool.lock().tenants.is_empty(), "tenants with nothing in flight and no recent use are forgotten");
     }
 }
