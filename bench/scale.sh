@@ -230,6 +230,7 @@ seq -f "base-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 1 kubectl cre
 make_files base Deployment
 t0=$(now)
 create_all base
+echo "   the clients created every object after $(since "$t0")s"
 # Until every Deployment is available (its pods ready, as an App's Healthy status says).
 available() {
   kubectl get deployments -A -o jsonpath='{range .items[*]}{.metadata.namespace} {.metadata.generation}={.status.observedGeneration}:{.spec.replicas}={.status.availableReplicas}{"\n"}{end}' \
@@ -289,6 +290,7 @@ echo ">> creating $APPS Apps"
 conv_from=$(stamp)
 t0=$(now); start=$(date +%s)
 create_all scale
+echo "   the clients created every App after $(since "$t0")s"
 converged() {
   [ "$(kubectl get apps -A -o jsonpath='{range .items[*]}{.metadata.generation}={.status.observedGeneration}:{.status.phase}{"\n"}{end}' \
       | awk -F'[=:]' '$1==$2 && $3=="Healthy"' | wc -l)" -ge "$APPS" ]
@@ -569,7 +571,8 @@ cat >"$out" <<JSON
  "baseline_seconds":$baseline,"flotilla_seconds":$flotilla,"ratio":$ratio,
  "idle_seconds":$IDLE,"idle_writes":$idle_writes,
  "change_latency_seconds":{"p50":$p50,"p99":$p99,"samples":[$(IFS=,; echo "${lat[*]}")]},
- "operator_replicas":$REPLICAS,"replicas":[$(IFS=,; echo "${json_replicas[*]}")]${failover_json:-}${argo_json:-}}
+ "operator_replicas":$REPLICAS,"operator_args":$(printf '%s' "${FLOTILLA_BENCH_OPERATOR_ARGS:-}" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))'),
+ "operator_env":$(for i in $ids; do v=FLOTILLA_BENCH_ENV_$i; printf '%s\n' "${!v:-}"; done | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read().splitlines()))'),"replicas":[$(IFS=,; echo "${json_replicas[*]}")]${failover_json:-}${argo_json:-}}
 JSON
 
 echo
