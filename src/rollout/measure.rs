@@ -13,7 +13,8 @@ use futures::future::join_all;
 
 use super::analysis::{QueryOutcome, TemplateValues, judge, render};
 use super::endpoints::{Endpoint, Refusal, choose};
-use super::prometheus::{ClientError, PrometheusClient};
+use super::prometheus::{ClientError, PrometheusClient, shown};
+use super::resting::Resting;
 use super::scope::{ScopeError, scope_to_namespace};
 use super::turns::{Busy, Turns};
 use crate::api::{App, Measurement, MeasurementResult, TenantPrometheus};
@@ -47,6 +48,7 @@ pub struct Analyzer {
     client: PrometheusClient,
     default_url: Option<String>,
     turns: Turns,
+    resting: Resting,
     /// How long a run waits for its turns (`TURN_WAIT`; shorter in tests).
     turn_wait: std::time::Duration,
 }
@@ -73,6 +75,7 @@ impl Analyzer {
             client: PrometheusClient::new()?,
             default_url: default_url.filter(|u| !u.trim().is_empty()),
             turns: Turns::new(limits.per_replica, limits.per_tenant),
+            resting: Resting::default(),
             turn_wait: TURN_WAIT,
         })
     }
@@ -117,7 +120,18 @@ impl Analyzer {
         // No turn within `turn_wait`: the runs in flight hang (queries end within their
         // timeout). Nothing is asked then, and the reconcile goes on instead of waiting,
         // holding one of its namespace's few turns (`app::controller::controller_config`).
+        // An endpoint at rest for this tenant (a query of it took the whole timeout lately) is
+        // not asked, and no turn is taken for it.
         let (_turn, no_turn) = match (&endpoint, prepared.iter().any(Result::is_ok)) {
+            (Ok(ep), true) if self.resting.rests(asker.key, &ep.url) => (
+                None,
+                Some(format!(
+                    "Prometheus at {} did not answer a query of this tenant within {:?}: it is not asked again for {:?}",
+                    shown(&ep.url),
+                    self.client.timeout(),
+                    self.resting.duration()
+                )),
+            ),
             (Ok(_), true) => match self.turns.take(asker.key, tokio::time::Instant::now() + self.turn_wait).await {
                 Ok(turn) => (Some(turn), None),
                 Err(busy) => {
@@ -140,15 +154,20 @@ impl Analyzer {
         let runs = analysis.metrics.iter().zip(prepared).map(|(check, prepared)| {
             let endpoint = endpoint.as_ref().ok();
             async move {
+                let asked = tokio::time::Instant::now();
                 let outcome = match (prepared, endpoint) {
                     (Ok(query), Some(endpoint)) => self.client.query(&endpoint.url, &query).await,
-                    (Err(outcome), _) => outcome,
+                    (Err(outcome), _) => return (judge(check, &outcome), false),
                     (Ok(_), None) => QueryOutcome::Invalid("no Prometheus to ask".into()),
                 };
-                judge(check, &outcome)
+                (judge(check, &outcome), asked.elapsed() >= self.client.timeout())
             }
         });
-        let measurements = join_all(runs).await;
+        let (measurements, slow): (Vec<Measurement>, Vec<bool>) = join_all(runs).await.into_iter().unzip();
+        if let (Ok(ep), true) = (&endpoint, slow.contains(&true)) {
+            tracing::debug!(tenant = asker.key, endpoint = %shown(&ep.url), "a query took the whole timeout: the endpoint rests");
+            self.resting.rest(asker.key, &ep.url);
+        }
         for m in &measurements {
             metrics.measured(match m.result {
                 MeasurementResult::Pass => "pass",
@@ -263,14 +282,7 @@ mod tests {
     /// accepts and never answers), and gives it back when it ends.
     #[tokio::test]
     async fn a_run_holds_its_turn_while_it_asks() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let held = tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                open.push(stream);
-            }
-        });
+        let (url, _) = hanging().await;
         let a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
         let run = tokio::spawn({
             let a = a.clone();
@@ -285,7 +297,69 @@ mod tests {
         run.abort();
         assert!(run.await.is_err(), "stopped");
         assert!(turn(&a, "bank").await.is_some(), "and given back when it ended");
-        held.abort();
+    }
+
+    /// A server that accepts connections and never answers, and the count it accepted.
+    async fn hanging() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                open.push(stream);
+            }
+        });
+        (url, accepted)
+    }
+
+    /// A tenant whose query took the whole timeout does not ask that Prometheus again for a
+    /// while: its runs are inconclusive at once and take no turn. Another tenant still asks
+    /// it, and the tenant asks again after the rest.
+    #[tokio::test]
+    async fn a_prometheus_that_did_not_answer_rests_for_that_tenant() {
+        let (url, accepted) = hanging().await;
+        let mut a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
+        a.client = PrometheusClient::with_timeout(Duration::from_millis(300)).expect("client");
+        a.resting = Resting::new(Duration::from_secs(2));
+        let metrics = Metrics::new().expect("metrics");
+        let app = checked();
+        let run = |tenant: &'static str| {
+            let (a, app, metrics) = (a.clone(), app.clone(), metrics.clone());
+            async move { a.measure(&app, "1.4.0", Asker { key: tenant, endpoints: &[] }, &metrics).await }
+        };
+        let first = run("shop").await;
+        assert!(
+            results(&first).iter().all(|(r, m)| *r == MeasurementResult::Inconclusive && m.contains("did not answer")),
+            "{first:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let asked = accepted.load(Ordering::SeqCst);
+        assert!(asked >= 1, "the first run asked");
+        let held = turn(&a, "bank").await;
+        let started = std::time::Instant::now();
+        let resting = run("shop").await;
+        assert!(started.elapsed() < Duration::from_millis(100), "no wait for a turn, the only one being held");
+        for (result, message) in results(&resting) {
+            assert_eq!(result, MeasurementResult::Inconclusive, "{message}");
+            assert!(message.contains("it is not asked again for 2s"), "{message}");
+        }
+        drop(held);
+        let other = run("bank").await;
+        assert!(results(&other).iter().all(|(_, m)| m.contains("did not answer")), "another tenant asks: {other:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(accepted.load(Ordering::SeqCst) > asked, "another tenant asked");
+        let asked = accepted.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let again = run("shop").await;
+        assert!(
+            results(&again).iter().all(|(_, m)| m.contains("did not answer")),
+            "asked again after the rest: {again:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(accepted.load(Ordering::SeqCst) > asked, "the tenant asked again");
     }
 
     /// A run waits for a turn the turn wait and no more. The clock is paused (nothing is

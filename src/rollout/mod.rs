@@ -7,6 +7,7 @@ pub mod measure;
 pub mod planner;
 pub mod prometheus;
 pub mod replicas;
+pub mod resting;
 pub mod scope;
 pub mod turns;
 pub mod workload;

@@ -29,6 +29,8 @@ pub const MAX_MESSAGE_CHARS: usize = 300;
 #[derive(Clone, Debug)]
 pub struct PrometheusClient {
     http: reqwest::Client,
+    /// `QUERY_TIMEOUT` (shorter in tests).
+    timeout: Duration,
 }
 
 /// Failure to build the HTTP client (a TLS setup problem at start).
@@ -65,12 +67,17 @@ pub struct Answer {
 
 impl PrometheusClient {
     pub fn new() -> Result<Self, ClientError> {
+        Self::with_timeout(QUERY_TIMEOUT)
+    }
+
+    /// A client whose queries time out after `timeout` instead of `QUERY_TIMEOUT`.
+    pub(crate) fn with_timeout(timeout: Duration) -> Result<Self, ClientError> {
         // reqwest is built without a bundled crypto provider; use ring, like the kube client.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let builder = || {
             reqwest::Client::builder()
-                .timeout(QUERY_TIMEOUT)
-                .connect_timeout(Duration::from_secs(3))
+                .timeout(timeout)
+                .connect_timeout(Duration::from_secs(3).min(timeout))
                 // A redirect would let an allowed endpoint send the operator anywhere (the cloud
                 // metadata address, the apiserver): never followed, reported as an answer.
                 .redirect(reqwest::redirect::Policy::none())
@@ -89,7 +96,12 @@ impl PrometheusClient {
                 builder().tls_certs_only(Vec::new()).build()?
             }
         };
-        Ok(Self { http })
+        Ok(Self { http, timeout })
+    }
+
+    /// How long one query may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Runs one instant query against `base` (for example `http://127.0.0.1:9090`).
@@ -133,7 +145,8 @@ impl PrometheusClient {
             Ok(r) => r,
             Err(e) if e.is_timeout() => {
                 return Err(QueryOutcome::Inconclusive(format!(
-                    "Prometheus at {shown} did not answer within {QUERY_TIMEOUT:?}"
+                    "Prometheus at {shown} did not answer within {:?}",
+                    self.timeout
                 )));
             }
             Err(e) => {
@@ -166,7 +179,8 @@ impl PrometheusClient {
                 Ok(None) => break,
                 Err(e) if e.is_timeout() => {
                     return Err(QueryOutcome::Inconclusive(format!(
-                        "Prometheus at {shown} did not finish its answer within {QUERY_TIMEOUT:?}"
+                        "Prometheus at {shown} did not finish its answer within {:?}",
+                        self.timeout
                     )));
                 }
                 Err(e) => {
