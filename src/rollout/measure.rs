@@ -120,29 +120,40 @@ impl Analyzer {
         // No turn within `turn_wait`: the runs in flight hang (queries end within their
         // timeout). Nothing is asked then, and the reconcile goes on instead of waiting,
         // holding one of its namespace's few turns (`app::controller::controller_config`).
-        // An endpoint at rest for this tenant (a query of it took the whole timeout lately) is
-        // not asked, and no turn is taken for it.
-        let (_turn, no_turn) = match (&endpoint, prepared.iter().any(Result::is_ok)) {
-            (Ok(ep), true) if self.resting.rests(asker.key, &ep.url) => (
-                None,
-                Some(format!(
+        // A dedicated endpoint at rest for this tenant (a query of it took the whole timeout
+        // lately) is not asked, and no turn is taken or kept for it.
+        let at_rest = |ep: &Endpoint| {
+            (!ep.scoped && self.resting.rests(asker.key, &ep.url)).then(|| {
+                format!(
                     "Prometheus at {} did not answer a query of this tenant within {:?}: it is not asked again for {:?}",
                     shown(&ep.url),
                     self.client.timeout(),
                     self.resting.duration()
-                )),
-            ),
-            (Ok(_), true) => match self.turns.take(asker.key, tokio::time::Instant::now() + self.turn_wait).await {
-                Ok(turn) => (Some(turn), None),
-                Err(busy) => {
-                    let whose = match busy {
-                        Busy::Tenant => "this tenant's own runs in flight hold all its turns",
-                        Busy::Replica => "the replica's runs in flight, of every tenant, hold all its turns",
-                    };
-                    // Debug only: tenants can make many such runs, and the App's status says it.
-                    tracing::debug!(tenant = asker.key, ?busy, "an analysis run got no turn: inconclusive");
-                    (None, Some(format!("no analysis run could start within {}s: {whose}", self.turn_wait.as_secs())))
-                }
+                )
+            })
+        };
+        let (_turn, no_turn) = match (&endpoint, prepared.iter().any(Result::is_ok)) {
+            (Ok(ep), true) => match at_rest(ep) {
+                Some(why) => (None, Some(why)),
+                None => match self.turns.take(asker.key, tokio::time::Instant::now() + self.turn_wait).await {
+                    // It may have come to rest while this run waited.
+                    Ok(turn) => match at_rest(ep) {
+                        Some(why) => (None, Some(why)),
+                        None => (Some(turn), None),
+                    },
+                    Err(busy) => {
+                        let whose = match busy {
+                            Busy::Tenant => "this tenant's own runs in flight hold all its turns",
+                            Busy::Replica => "the replica's runs in flight, of every tenant, hold all its turns",
+                        };
+                        // Debug only: tenants can make many such runs, and the App's status says it.
+                        tracing::debug!(tenant = asker.key, ?busy, "an analysis run got no turn: inconclusive");
+                        (
+                            None,
+                            Some(format!("no analysis run could start within {}s: {whose}", self.turn_wait.as_secs())),
+                        )
+                    }
+                },
             },
             _ => (None, None),
         };
@@ -164,7 +175,9 @@ impl Analyzer {
             }
         });
         let (measurements, slow): (Vec<Measurement>, Vec<bool>) = join_all(runs).await.into_iter().unzip();
-        if let (Ok(ep), true) = (&endpoint, slow.contains(&true)) {
+        // Only a dedicated endpoint rests: on a shared one, another tenant's load could make
+        // this tenant's queries slow, and a rest would lengthen that into 30 s for each.
+        if let (Ok(ep @ Endpoint { scoped: false, .. }), true) = (&endpoint, slow.contains(&true)) {
             tracing::debug!(tenant = asker.key, endpoint = %shown(&ep.url), "a query took the whole timeout: the endpoint rests");
             self.resting.rest(asker.key, &ep.url);
         }
@@ -315,51 +328,71 @@ mod tests {
         (url, accepted)
     }
 
-    /// A tenant whose query took the whole timeout does not ask that Prometheus again for a
-    /// while: its runs are inconclusive at once and take no turn. Another tenant still asks
-    /// it, and the tenant asks again after the rest.
+    /// A tenant whose query to its dedicated Prometheus took the whole timeout does not ask
+    /// it again for a while: its runs are inconclusive at once and take no turn. Another
+    /// tenant listing it still asks it, and the tenant asks again after the rest. A shared
+    /// Prometheus (the operator's default) never rests: another tenant's load could be what
+    /// made it slow.
     #[tokio::test]
-    async fn a_prometheus_that_did_not_answer_rests_for_that_tenant() {
+    async fn a_dedicated_prometheus_that_did_not_answer_rests_for_that_tenant() {
+        let (shared_url, shared_accepted) = hanging().await;
         let (url, accepted) = hanging().await;
-        let mut a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
+        let mut a = analyzer(shared_url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
         a.client = PrometheusClient::with_timeout(Duration::from_millis(300)).expect("client");
         a.resting = Resting::new(Duration::from_secs(2));
         let metrics = Metrics::new().expect("metrics");
-        let app = checked();
-        let run = |tenant: &'static str| {
-            let (a, app, metrics) = (a.clone(), app.clone(), metrics.clone());
-            async move { a.measure(&app, "1.4.0", Asker { key: tenant, endpoints: &[] }, &metrics).await }
+        let shared = checked();
+        let mut dedicated = serde_json::to_value(checked()).expect("an App");
+        dedicated["spec"]["rollout"]["analysis"]["prometheusUrl"] = serde_json::json!(format!("{url}/"));
+        let dedicated: App = serde_json::from_value(dedicated).expect("an App");
+        assert!(dedicated.spec.analysis().is_some_and(|an| an.prometheus_url.is_some()), "the App names it");
+        let listed = [TenantPrometheus { url: url.clone(), isolation: crate::api::PrometheusIsolation::Dedicated }];
+        let run = |app: &App, tenant: &'static str| {
+            let (a, app, metrics, listed) = (a.clone(), app.clone(), metrics.clone(), listed.clone());
+            async move { a.measure(&app, "1.4.0", Asker { key: tenant, endpoints: &listed }, &metrics).await }
         };
-        let first = run("shop").await;
-        assert!(
-            results(&first).iter().all(|(r, m)| *r == MeasurementResult::Inconclusive && m.contains("did not answer")),
-            "{first:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let asked = accepted.load(Ordering::SeqCst);
-        assert!(asked >= 1, "the first run asked");
+        let asked_now = || accepted.load(Ordering::SeqCst);
+        let timed_out = |r: &Run| {
+            results(r)
+                .iter()
+                .all(|(res, m)| *res == MeasurementResult::Inconclusive && m.contains("did not answer within"))
+        };
+        let settle = || tokio::time::sleep(Duration::from_millis(100));
+
+        // The shared default: timed out twice, asked twice.
+        let first = run(&shared, "shop").await;
+        assert!(timed_out(&first), "{first:?}");
+        let second = run(&shared, "shop").await;
+        assert!(timed_out(&second), "a shared Prometheus does not rest: {second:?}");
+        settle().await;
+        assert!(shared_accepted.load(Ordering::SeqCst) >= 2, "both runs asked");
+        let asked = asked_now();
+
+        // The dedicated endpoint: timed out once, then at rest.
+        let first = run(&dedicated, "shop").await;
+        assert!(timed_out(&first), "{first:?}");
+        settle().await;
+        assert!(asked_now() > asked, "the first run asked");
+        let asked = asked_now();
         let held = turn(&a, "bank").await;
         let started = std::time::Instant::now();
-        let resting = run("shop").await;
+        let resting = run(&dedicated, "shop").await;
         assert!(started.elapsed() < Duration::from_millis(100), "no wait for a turn, the only one being held");
         for (result, message) in results(&resting) {
             assert_eq!(result, MeasurementResult::Inconclusive, "{message}");
             assert!(message.contains("it is not asked again for 2s"), "{message}");
         }
         drop(held);
-        let other = run("bank").await;
-        assert!(results(&other).iter().all(|(_, m)| m.contains("did not answer")), "another tenant asks: {other:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(accepted.load(Ordering::SeqCst) > asked, "another tenant asked");
-        let asked = accepted.load(Ordering::SeqCst);
+        let other = run(&dedicated, "bank").await;
+        assert!(timed_out(&other), "another tenant asks it: {other:?}");
+        settle().await;
+        assert!(asked_now() > asked, "another tenant asked");
+        let asked = asked_now();
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let again = run("shop").await;
-        assert!(
-            results(&again).iter().all(|(_, m)| m.contains("did not answer")),
-            "asked again after the rest: {again:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(accepted.load(Ordering::SeqCst) > asked, "the tenant asked again");
+        let again = run(&dedicated, "shop").await;
+        assert!(timed_out(&again), "asked again after the rest: {again:?}");
+        settle().await;
+        assert!(asked_now() > asked, "the tenant asked again");
     }
 
     /// A run waits for a turn the turn wait and no more. The clock is paused (nothing is

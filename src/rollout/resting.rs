@@ -1,13 +1,14 @@
-//! Prometheus endpoints at rest for a tenant: once a query of a tenant's run took the whole
-//! query timeout, that tenant does not ask that Prometheus again for `REST`, and its runs are
-//! inconclusive without a turn meanwhile.
+//! Prometheus endpoints at rest for a tenant: once a query of a tenant's run to a dedicated
+//! Prometheus (the tenant's own) took the whole query timeout, that tenant does not ask it
+//! again for `REST`, and its runs are inconclusive without a turn meanwhile.
 //!
 //! A tenant whose Prometheus hangs would otherwise hold analysis turns for ten seconds per
 //! run, again and again: turns go first to tenants that used them less (`turns`), but other
 //! tenants still wait for one of those to come free. Resting keeps a hanging Prometheus from
 //! holding turns most of the time, and from being hammered by every interval of every App.
-//! Keyed by tenant and endpoint, so that one tenant's slow queries on a shared Prometheus
-//! rest only that tenant.
+//! Keyed by tenant and endpoint. A shared Prometheus never rests (`measure`): there one
+//! tenant's heavy queries can make another's slow, and a rest would lengthen that into 30 s
+//! of pause for the other.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
