@@ -395,6 +395,39 @@ mod tests {
         assert!(asked_now() > asked, "the tenant asked again");
     }
 
+    /// A run that waited for its tenant's turn while the run holding it timed out asks
+    /// nothing once it gets the turn: the endpoint came to rest meanwhile.
+    #[tokio::test]
+    async fn a_run_that_waited_while_its_endpoint_came_to_rest_asks_nothing() {
+        let (url, accepted) = hanging().await;
+        let mut a = analyzer("http://127.0.0.1:9".into(), AnalysisLimits { per_replica: 4, per_tenant: 1 });
+        a.client = PrometheusClient::with_timeout(Duration::from_millis(300)).expect("client");
+        a.resting = Resting::new(Duration::from_secs(30));
+        let metrics = Metrics::new().expect("metrics");
+        let mut dedicated = serde_json::to_value(checked()).expect("an App");
+        dedicated["spec"]["rollout"]["analysis"]["prometheusUrl"] = serde_json::json!(url.clone());
+        let dedicated: App = serde_json::from_value(dedicated).expect("an App");
+        let listed = [TenantPrometheus { url, isolation: crate::api::PrometheusIsolation::Dedicated }];
+        let run = || {
+            let (a, app, metrics, listed) = (a.clone(), dedicated.clone(), metrics.clone(), listed.clone());
+            tokio::spawn(
+                async move { a.measure(&app, "1.4.0", Asker { key: "shop", endpoints: &listed }, &metrics).await },
+            )
+        };
+        let first = run();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = run();
+        let first = first.await.expect("first run");
+        assert!(results(&first).iter().all(|(_, m)| m.contains("did not answer within")), "{first:?}");
+        let second = second.await.expect("second run");
+        for (result, message) in results(&second) {
+            assert_eq!(result, MeasurementResult::Inconclusive, "{message}");
+            assert!(message.contains("it is not asked again for 30s"), "{message}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "only the first run's two checks asked");
+    }
+
     /// A run waits for a turn the turn wait and no more. The clock is paused (nothing is
     /// asked: the run gets no turn).
     #[tokio::test(start_paused = true)]
