@@ -117,9 +117,6 @@ impl Analyzer {
                 }
             })
             .collect();
-        // No turn within `turn_wait`: the runs in flight hang (queries end within their
-        // timeout). Nothing is asked then, and the reconcile goes on instead of waiting,
-        // holding one of its namespace's few turns (`app::controller::controller_config`).
         // A dedicated endpoint at rest for this tenant (a query of it took the whole timeout
         // lately) is not asked, and no turn is taken or kept for it.
         let at_rest = |ep: &Endpoint| {
@@ -141,6 +138,10 @@ impl Analyzer {
                         Some(why) => (None, Some(why)),
                         None => (Some(turn), None),
                     },
+                    // No turn within `turn_wait`: the runs in flight hang (queries end within
+                    // their timeout). Nothing is asked then, and the reconcile goes on instead of
+                    // waiting, holding one of its namespace's few turns
+                    // (`app::controller::controller_config`).
                     Err(busy) => {
                         let whose = match busy {
                             Busy::Tenant => "this tenant's own runs in flight hold all its turns",
@@ -328,6 +329,18 @@ mod tests {
         (url, accepted)
     }
 
+    /// `checked()` naming `url`, and the Tenant's list with `url` as its own (Dedicated).
+    fn dedicated(url: &str) -> (App, [TenantPrometheus; 1]) {
+        let mut app = serde_json::to_value(checked()).expect("an App");
+        app["spec"]["rollout"]["analysis"]["prometheusUrl"] = serde_json::json!(url);
+        let app: App = serde_json::from_value(app).expect("an App");
+        let listed = [TenantPrometheus {
+            url: url.trim_end_matches('/').to_string(),
+            isolation: crate::api::PrometheusIsolation::Dedicated,
+        }];
+        (app, listed)
+    }
+
     /// A tenant whose query to its dedicated Prometheus took the whole timeout does not ask
     /// it again for a while: its runs are inconclusive at once and take no turn. Another
     /// tenant listing it still asks it, and the tenant asks again after the rest. A shared
@@ -342,11 +355,8 @@ mod tests {
         a.resting = Resting::new(Duration::from_secs(2));
         let metrics = Metrics::new().expect("metrics");
         let shared = checked();
-        let mut dedicated = serde_json::to_value(checked()).expect("an App");
-        dedicated["spec"]["rollout"]["analysis"]["prometheusUrl"] = serde_json::json!(format!("{url}/"));
-        let dedicated: App = serde_json::from_value(dedicated).expect("an App");
+        let (dedicated, listed) = dedicated(&format!("{url}/"));
         assert!(dedicated.spec.analysis().is_some_and(|an| an.prometheus_url.is_some()), "the App names it");
-        let listed = [TenantPrometheus { url: url.clone(), isolation: crate::api::PrometheusIsolation::Dedicated }];
         let run = |app: &App, tenant: &'static str| {
             let (a, app, metrics, listed) = (a.clone(), app.clone(), metrics.clone(), listed.clone());
             async move { a.measure(&app, "1.4.0", Asker { key: tenant, endpoints: &listed }, &metrics).await }
@@ -404,10 +414,7 @@ mod tests {
         a.client = PrometheusClient::with_timeout(Duration::from_millis(300)).expect("client");
         a.resting = Resting::new(Duration::from_secs(30));
         let metrics = Metrics::new().expect("metrics");
-        let mut dedicated = serde_json::to_value(checked()).expect("an App");
-        dedicated["spec"]["rollout"]["analysis"]["prometheusUrl"] = serde_json::json!(url.clone());
-        let dedicated: App = serde_json::from_value(dedicated).expect("an App");
-        let listed = [TenantPrometheus { url, isolation: crate::api::PrometheusIsolation::Dedicated }];
+        let (dedicated, listed) = dedicated(&url);
         let run = || {
             let (a, app, metrics, listed) = (a.clone(), dedicated.clone(), metrics.clone(), listed.clone());
             tokio::spawn(

@@ -215,6 +215,12 @@ mod tests {
         Instant::now() + Duration::from_secs(3600)
     }
 
+    /// A run of `tenant` waiting for a turn, in a task of its own.
+    fn waiting(turns: &Turns, tenant: &'static str) -> tokio::task::JoinHandle<Result<Turn, Busy>> {
+        let turns = turns.clone();
+        tokio::spawn(async move { turns.take(tenant, later()).await })
+    }
+
     /// A tenant that used up its turns (its Prometheus hangs) leaves the others theirs.
     #[tokio::test]
     async fn one_tenant_cannot_take_another_tenants_turns() {
@@ -238,15 +244,9 @@ mod tests {
         let hanging = [turns.take("hanging", later()).await, turns.take("hanging", later()).await];
         let other = turns.take("other", later()).await.expect("the last free turn");
         assert_eq!(turns.free(), 0);
-        let first = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.take("hanging", later()).await }
-        });
+        let first = waiting(&turns, "hanging");
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let quiet = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.take("quiet", later()).await }
-        });
+        let quiet = waiting(&turns, "quiet");
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(other);
         let quiet = tokio::time::timeout(Duration::from_millis(100), quiet).await;
@@ -268,14 +268,10 @@ mod tests {
         let hanging = turns.take("hanging", later()).await.expect("the only turn");
         let mut next = Vec::new();
         for _ in 0..2 {
-            let turns = turns.clone();
-            next.push(tokio::spawn(async move { turns.take("hanging", later()).await }));
+            next.push(waiting(&turns, "hanging"));
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let quiet = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.take("quiet", later()).await }
-        });
+        let quiet = waiting(&turns, "quiet");
         tokio::time::sleep(Duration::from_secs(10)).await;
         drop(hanging);
         let quiet = tokio::time::timeout(Duration::from_millis(100), quiet).await;
@@ -321,10 +317,7 @@ mod tests {
         let turns = Turns::new(1, 1);
         let held = turns.take("a", later()).await.expect("the only turn");
         assert_eq!(turns.take("b", soon()).await.err(), Some(Busy::Replica));
-        let stopped = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.take("c", later()).await }
-        });
+        let stopped = waiting(&turns, "c");
         tokio::time::sleep(Duration::from_millis(1)).await;
         // Handed to "c" (skipping "b", which stopped), which stops before it runs again.
         drop(held);
