@@ -4,7 +4,7 @@
 # Prints the figures (never asserted by tests: these machines are noisy).
 #
 #   bash bench/analysis_fairness.sh [TENANTS] [APPS] [SECONDS]   default 40 tenants, 3 Apps each, 60 s
-#   FLOTILLA_BIN=path/to/flotilla bash bench/analysis_fairness.sh  (default: a release build)
+#   FLOTILLA_BENCH_BIN=path/to/flotilla bash bench/analysis_fairness.sh  (default: a release build)
 #
 # - TENANTS tenants "hang-N": APPS Apps each, in canary rollouts whose analysis (every 1 s)
 #   asks a server that accepts connections and never answers (each query waits for the 10 s
@@ -24,16 +24,8 @@ APPS=${2:-3}
 SECONDS_SAMPLED=${3:-60}
 CLUSTER=flotilla-bench-fairness
 WORK=$(mktemp -d)
-export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
-
-bash hack/prerequisites.sh
-bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
-bash hack/cluster.sh up "$CLUSTER" --disable-qps-limits >/dev/null
-KUBECONFIG=$(bash hack/cluster.sh kubeconfig "$CLUSTER"); export KUBECONFIG
-if [ -z "${FLOTILLA_BIN:-}" ]; then
-  cargo build --locked --release --bin flotilla 2>&1 | tail -1
-  FLOTILLA_BIN=$CARGO_TARGET_DIR/release/flotilla
-fi
+. bench/one_replica.sh
+one_replica_cluster
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -42,20 +34,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # A server that accepts every connection and never answers.
-HANG_PORT=$(free_port)
-python3 - "$HANG_PORT" >"$WORK/hang.log" 2>&1 <<'PY' &
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4096)
-held = []
-while True:
-    c, _ = s.accept(); held.append(c)
-PY
+HANG_PORT=$(one_replica_free_port)
+one_replica_hanging_server "$HANG_PORT" >"$WORK/hang.log" 2>&1 &
 PIDS+=($!)
 # A Prometheus that answers every query at once with 0.01, and counts them.
-FAST_PORT=$(free_port)
+FAST_PORT=$(one_replica_free_port)
 python3 - "$FAST_PORT" "$WORK/fast.count" >"$WORK/fast.log" 2>&1 <<'PY' &
 import http.server, sys
 count = 0
@@ -76,8 +60,7 @@ PIDS+=($!)
 HANG=http://127.0.0.1:$HANG_PORT
 FAST=http://127.0.0.1:$FAST_PORT
 
-bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
-"$FLOTILLA_BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9591 --webhook-addr 127.0.0.1:0 \
+"$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9591 --webhook-addr 127.0.0.1:0 \
   --replica-id bench-0 >"$WORK/operator.log" 2>&1 &
 PIDS+=($!)
 until curl -fs 127.0.0.1:9591/readyz >/dev/null 2>&1; do sleep 0.2; done

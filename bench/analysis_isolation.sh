@@ -4,7 +4,7 @@
 # Prints the figures (never asserted by tests: these machines are noisy).
 #
 #   bash bench/analysis_isolation.sh [APPS] [ROUNDS]     default 200 Apps, 20 rounds
-#   FLOTILLA_BIN=path/to/flotilla bash bench/analysis_isolation.sh   (default: a release build)
+#   FLOTILLA_BENCH_BIN=path/to/flotilla bash bench/analysis_isolation.sh   (default: a release build)
 #
 # - tenant "greedy": APPS Apps, each in a canary rollout whose analysis (every 1s) asks a
 #   server that accepts connections and never answers (each query waits for the 10 s timeout);
@@ -19,16 +19,8 @@ APPS=${1:-200}
 ROUNDS=${2:-20}
 CLUSTER=flotilla-bench-analysis
 WORK=$(mktemp -d)
-export KWOK_WORKDIR=${KWOK_WORKDIR:-$FLOTILLA_CACHE/kwok}
-
-bash hack/prerequisites.sh
-bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
-bash hack/cluster.sh up "$CLUSTER" --disable-qps-limits >/dev/null
-KUBECONFIG=$(bash hack/cluster.sh kubeconfig "$CLUSTER"); export KUBECONFIG
-if [ -z "${FLOTILLA_BIN:-}" ]; then
-  cargo build --locked --release --bin flotilla 2>&1 | tail -1
-  FLOTILLA_BIN=$CARGO_TARGET_DIR/release/flotilla
-fi
+. bench/one_replica.sh
+one_replica_cluster
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -37,21 +29,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A server that accepts every connection and never answers.
-HANG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-python3 - "$HANG_PORT" >"$WORK/hang.log" 2>&1 <<'PY' &
-import socket, sys, threading, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4096)
-held = []
-while True:
-    c, _ = s.accept(); held.append(c)
-PY
+HANG_PORT=$(one_replica_free_port)
+one_replica_hanging_server "$HANG_PORT" >"$WORK/hang.log" 2>&1 &
 PIDS+=($!)
 HANG=http://127.0.0.1:$HANG_PORT
 
-bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
-"$FLOTILLA_BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9590 --webhook-addr 127.0.0.1:0 \
+"$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9590 --webhook-addr 127.0.0.1:0 \
   --replica-id bench-0 >"$WORK/operator.log" 2>&1 &
 PIDS+=($!)
 until curl -fs 127.0.0.1:9590/readyz >/dev/null 2>&1; do sleep 0.2; done

@@ -1,6 +1,7 @@
 # Sourced by the benchmarks that run one replica on a private local control plane
-# (bench/heap.sh, bench/replica_memory.sh): the cluster, the install, the Tenants, the Apps,
-# and the waits they share. Expects `here` (the repository), `CLUSTER`, `WORK`, `NAMESPACES`
+# (bench/heap.sh, bench/replica_memory.sh, bench/analysis_isolation.sh,
+# bench/analysis_fairness.sh): the cluster, the install, the Tenants, the Apps, the waits
+# and the servers they share. Expects `here` (the repository), `CLUSTER`, `WORK`, `NAMESPACES`
 # and `APPS`; sets KUBECONFIG and BIN.
 
 # A new cluster with the operator's install, and the replica binary to run (the release
@@ -56,4 +57,21 @@ one_replica_apps() {
 # Waits until every App is Healthy.
 one_replica_wait_healthy() {
   until [ "$(kubectl get apps -A -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')" -ge "$APPS" ]; do sleep 2; done
+}
+
+# A free TCP port on 127.0.0.1.
+one_replica_free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# A server on PORT that accepts every connection and never answers. Run it in the background
+# (`one_replica_hanging_server PORT &`): the background shell becomes the server, so `$!` is
+# its PID.
+one_replica_hanging_server() {
+  exec python3 - "$1" <<'PY'
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4096)
+held = []
+while True:
+    c, _ = s.accept(); held.append(c)
+PY
 }
