@@ -13,7 +13,7 @@ use futures::future::join_all;
 
 use super::analysis::{QueryOutcome, TemplateValues, judge, render};
 use super::endpoints::{Endpoint, Refusal, choose};
-use super::prometheus::{ClientError, PrometheusClient, shown};
+use super::prometheus::{Asked, ClientError, PrometheusClient, shown};
 use super::resting::Resting;
 use super::scope::{ScopeError, scope_to_namespace};
 use super::turns::{Busy, Turns};
@@ -117,13 +117,14 @@ impl Analyzer {
                 }
             })
             .collect();
-        // A dedicated endpoint at rest for this tenant (a query of it took the whole timeout
+        // A dedicated endpoint at rest for this tenant (a query of it timed out
         // lately) is not asked, and no turn is taken or kept for it.
         let at_rest = |ep: &Endpoint| {
             (!ep.scoped && self.resting.rests(asker.key, &ep.url)).then(|| {
                 format!(
-                    "Prometheus at {} did not answer a query of this tenant within {:?}: it is not asked again for {:?}",
+                    "a query of this tenant to Prometheus at {} timed out lately (no connection within {:?} or no answer within {:?}): it is not asked again for {:?}",
                     shown(&ep.url),
+                    self.client.connect_timeout(),
                     self.client.timeout(),
                     self.resting.duration()
                 )
@@ -166,20 +167,21 @@ impl Analyzer {
         let runs = analysis.metrics.iter().zip(prepared).map(|(check, prepared)| {
             let endpoint = endpoint.as_ref().ok();
             async move {
-                let asked = tokio::time::Instant::now();
-                let outcome = match (prepared, endpoint) {
-                    (Ok(query), Some(endpoint)) => self.client.query(&endpoint.url, &query).await,
-                    (Err(outcome), _) => return (judge(check, &outcome), false),
-                    (Ok(_), None) => QueryOutcome::Invalid("no Prometheus to ask".into()),
+                let asked = match (prepared, endpoint) {
+                    (Ok(query), Some(endpoint)) => self.client.ask(&endpoint.url, &query).await,
+                    (Err(outcome), _) => Asked { outcome, timed_out: false },
+                    (Ok(_), None) => {
+                        Asked { outcome: QueryOutcome::Invalid("no Prometheus to ask".into()), timed_out: false }
+                    }
                 };
-                (judge(check, &outcome), asked.elapsed() >= self.client.timeout())
+                (judge(check, &asked.outcome), asked.timed_out)
             }
         });
-        let (measurements, slow): (Vec<Measurement>, Vec<bool>) = join_all(runs).await.into_iter().unzip();
+        let (measurements, timed_out): (Vec<Measurement>, Vec<bool>) = join_all(runs).await.into_iter().unzip();
         // Only a dedicated endpoint rests: on a shared one, another tenant's load could make
         // this tenant's queries slow, and a rest would lengthen that into 30 s for each.
-        if let (Ok(ep @ Endpoint { scoped: false, .. }), true) = (&endpoint, slow.contains(&true)) {
-            tracing::debug!(tenant = asker.key, endpoint = %shown(&ep.url), "a query took the whole timeout: the endpoint rests");
+        if let (Ok(ep @ Endpoint { scoped: false, .. }), true) = (&endpoint, timed_out.contains(&true)) {
+            tracing::debug!(tenant = asker.key, endpoint = %shown(&ep.url), "a query timed out: the endpoint rests");
             self.resting.rest(asker.key, &ep.url);
         }
         for m in &measurements {
@@ -313,21 +315,7 @@ mod tests {
         assert!(turn(&a, "bank").await.is_some(), "and given back when it ended");
     }
 
-    /// A server that accepts connections and never answers, and the count it accepted.
-    async fn hanging() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = accepted.clone();
-        tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                count.fetch_add(1, Ordering::SeqCst);
-                open.push(stream);
-            }
-        });
-        (url, accepted)
-    }
+    use crate::rollout::prometheus::tests::hanging;
 
     /// `checked()` naming `url`, and the Tenant's list with `url` as its own (Dedicated).
     fn dedicated(url: &str) -> (App, [TenantPrometheus; 1]) {
@@ -341,7 +329,7 @@ mod tests {
         (app, listed)
     }
 
-    /// A tenant whose query to its dedicated Prometheus took the whole timeout does not ask
+    /// A tenant whose query to its dedicated Prometheus timed out does not ask
     /// it again for a while: its runs are inconclusive at once and take no turn. Another
     /// tenant listing it still asks it, and the tenant asks again after the rest. A shared
     /// Prometheus (the operator's default) never rests: another tenant's load could be what
@@ -351,7 +339,8 @@ mod tests {
         let (shared_url, shared_accepted) = hanging().await;
         let (url, accepted) = hanging().await;
         let mut a = analyzer(shared_url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
-        a.client = PrometheusClient::with_timeout(Duration::from_millis(300)).expect("client");
+        a.client =
+            PrometheusClient::with_timeouts(Duration::from_millis(300), Duration::from_millis(300)).expect("client");
         a.resting = Resting::new(Duration::from_secs(2));
         let metrics = Metrics::new().expect("metrics");
         let shared = checked();
@@ -411,7 +400,8 @@ mod tests {
     async fn a_run_that_waited_while_its_endpoint_came_to_rest_asks_nothing() {
         let (url, accepted) = hanging().await;
         let mut a = analyzer("http://127.0.0.1:9".into(), AnalysisLimits { per_replica: 4, per_tenant: 1 });
-        a.client = PrometheusClient::with_timeout(Duration::from_millis(300)).expect("client");
+        a.client =
+            PrometheusClient::with_timeouts(Duration::from_millis(300), Duration::from_millis(300)).expect("client");
         a.resting = Resting::new(Duration::from_secs(30));
         let metrics = Metrics::new().expect("metrics");
         let (dedicated, listed) = dedicated(&url);
@@ -433,6 +423,36 @@ mod tests {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "only the first run's two checks asked");
+    }
+
+    /// A dedicated Prometheus that accepts no connection (its backlog full) rests its tenant
+    /// too, though each query ended at the connect timeout, well before the query timeout:
+    /// else a tenant could hold turns by stalling handshakes instead of answers.
+    #[tokio::test]
+    async fn a_dedicated_prometheus_that_accepts_no_connection_rests() {
+        let (url, _held, _listener) = crate::rollout::prometheus::tests::unaccepting().await;
+        let mut a = analyzer("http://127.0.0.1:9".into(), AnalysisLimits { per_replica: 4, per_tenant: 1 });
+        a.client = PrometheusClient::with_timeouts(Duration::from_secs(5), Duration::from_millis(300)).expect("client");
+        let metrics = Metrics::new().expect("metrics");
+        let (dedicated, listed) = dedicated(&url);
+        let run = || a.measure(&dedicated, "1.4.0", Asker { key: "shop", endpoints: &listed }, &metrics);
+        let started = std::time::Instant::now();
+        let first = run().await;
+        assert!(started.elapsed() < Duration::from_secs(2), "it ended at the connect timeout");
+        assert!(
+            results(&first).iter().all(|(_, m)| m.contains("did not accept a connection within 300ms")),
+            "{first:?}"
+        );
+        let started = std::time::Instant::now();
+        let second = run().await;
+        assert!(started.elapsed() < Duration::from_millis(100), "nothing was asked: {:?}", started.elapsed());
+        for (result, message) in results(&second) {
+            assert_eq!(result, MeasurementResult::Inconclusive, "{message}");
+            assert!(
+                message.contains("no connection within 300ms") && message.contains("not asked again for 30s"),
+                "{message}"
+            );
+        }
     }
 
     /// A run waits for a turn the turn wait and no more. The clock is paused (nothing is

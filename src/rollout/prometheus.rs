@@ -18,6 +18,9 @@ use super::analysis::QueryOutcome;
 /// reading the answer, all together).
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long connecting may take (part of `QUERY_TIMEOUT`, never more).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The largest answer read. An instant query that returns one series is a few hundred bytes;
 /// 1 MiB leaves room for labels without letting a server run a replica out of memory.
 pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
@@ -31,6 +34,16 @@ pub struct PrometheusClient {
     http: reqwest::Client,
     /// `QUERY_TIMEOUT` (shorter in tests).
     timeout: Duration,
+    /// `CONNECT_TIMEOUT` (shorter in tests), or `timeout` when that is shorter.
+    connect_timeout: Duration,
+}
+
+/// One query's outcome, and whether it ended because time ran out (while connecting, waiting
+/// or reading): what makes a dedicated endpoint rest (`measure`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Asked {
+    pub outcome: QueryOutcome,
+    pub timed_out: bool,
 }
 
 /// Failure to build the HTTP client (a TLS setup problem at start).
@@ -67,17 +80,19 @@ pub struct Answer {
 
 impl PrometheusClient {
     pub fn new() -> Result<Self, ClientError> {
-        Self::with_timeout(QUERY_TIMEOUT)
+        Self::with_timeouts(QUERY_TIMEOUT, CONNECT_TIMEOUT)
     }
 
-    /// A client whose queries time out after `timeout` instead of `QUERY_TIMEOUT`.
-    pub(crate) fn with_timeout(timeout: Duration) -> Result<Self, ClientError> {
+    /// A client whose queries time out after `timeout` (connecting after `connect`, or
+    /// `timeout` if shorter) instead of `QUERY_TIMEOUT` and `CONNECT_TIMEOUT`.
+    pub(crate) fn with_timeouts(timeout: Duration, connect: Duration) -> Result<Self, ClientError> {
         // reqwest is built without a bundled crypto provider; use ring, like the kube client.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let connect_timeout = connect.min(timeout);
         let builder = || {
             reqwest::Client::builder()
                 .timeout(timeout)
-                .connect_timeout(Duration::from_secs(3).min(timeout))
+                .connect_timeout(connect_timeout)
                 // A redirect would let an allowed endpoint send the operator anywhere (the cloud
                 // metadata address, the apiserver): never followed, reported as an answer.
                 .redirect(reqwest::redirect::Policy::none())
@@ -96,7 +111,7 @@ impl PrometheusClient {
                 builder().tls_certs_only(Vec::new()).build()?
             }
         };
-        Ok(Self { http, timeout })
+        Ok(Self { http, timeout, connect_timeout })
     }
 
     /// How long one query may take.
@@ -104,12 +119,22 @@ impl PrometheusClient {
         self.timeout
     }
 
+    /// How long connecting may take.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     /// Runs one instant query against `base` (for example `http://127.0.0.1:9090`).
-    #[tracing::instrument(skip(self, base), fields(prometheus = %shown(base)))]
     pub async fn query(&self, base: &str, promql: &str) -> QueryOutcome {
+        self.ask(base, promql).await.outcome
+    }
+
+    /// `query`, saying also whether it timed out.
+    #[tracing::instrument(skip(self, base), fields(prometheus = %shown(base)))]
+    pub async fn ask(&self, base: &str, promql: &str) -> Asked {
         match self.fetch(base, "/api/v1/query", &[("query", promql.to_string())]).await {
-            Ok(answer) => interpret(&answer),
-            Err(outcome) => outcome,
+            Ok(answer) => Asked { outcome: interpret(&answer), timed_out: false },
+            Err(asked) => asked,
         }
     }
 
@@ -131,26 +156,33 @@ impl PrometheusClient {
         ];
         match self.fetch(base, "/api/v1/query_range", &params).await {
             Ok(answer) => interpret_range(&answer),
-            Err(QueryOutcome::Inconclusive(m) | QueryOutcome::Invalid(m)) => Err(m),
-            Err(QueryOutcome::Value(_)) => Err("no answer".into()),
+            Err(Asked { outcome: QueryOutcome::Inconclusive(m) | QueryOutcome::Invalid(m), .. }) => Err(m),
+            Err(Asked { outcome: QueryOutcome::Value(_), .. }) => Err("no answer".into()),
         }
     }
 
     /// GETs `path` of `base` with `params`, reading at most `MAX_ANSWER_BYTES`; what went
     /// wrong before an answer was read is an inconclusive outcome.
-    async fn fetch(&self, base: &str, path: &str, params: &[(&str, String)]) -> Result<Answer, QueryOutcome> {
+    async fn fetch(&self, base: &str, path: &str, params: &[(&str, String)]) -> Result<Answer, Asked> {
         let shown = shown(base);
         let url = format!("{}{path}", base.trim_end_matches('/'));
+        let inconclusive = |message: String| Asked { outcome: QueryOutcome::Inconclusive(message), timed_out: false };
+        let timed_out = |message: String| Asked { outcome: QueryOutcome::Inconclusive(message), timed_out: true };
         let mut response = match self.http.get(&url).query(params).send().await {
             Ok(r) => r,
-            Err(e) if e.is_timeout() => {
-                return Err(QueryOutcome::Inconclusive(format!(
-                    "Prometheus at {shown} did not answer within {:?}",
-                    self.timeout
+            // A connection that is never accepted (a full backlog, dropped packets) ends at the
+            // connect timeout, before the query's.
+            Err(e) if e.is_timeout() && e.is_connect() => {
+                return Err(timed_out(format!(
+                    "Prometheus at {shown} did not accept a connection within {:?}",
+                    self.connect_timeout
                 )));
             }
+            Err(e) if e.is_timeout() => {
+                return Err(timed_out(format!("Prometheus at {shown} did not answer within {:?}", self.timeout)));
+            }
             Err(e) => {
-                return Err(QueryOutcome::Inconclusive(short(&format!(
+                return Err(inconclusive(short(&format!(
                     "Prometheus at {shown} is unreachable: {}",
                     chain(&e.without_url())
                 ))));
@@ -164,7 +196,7 @@ impl PrometheusClient {
             .map(media_type)
             .unwrap_or_else(|| "no content type".into());
         if response.content_length().is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
-            return Err(QueryOutcome::Inconclusive(too_large(&shown, code, &content_type)));
+            return Err(inconclusive(too_large(&shown, code, &content_type)));
         }
         let mut body = Vec::new();
         loop {
@@ -172,19 +204,19 @@ impl PrometheusClient {
                 Ok(Some(chunk)) => {
                     if body.len() + chunk.len() > MAX_ANSWER_BYTES {
                         // Dropping the response closes the connection: the rest is never read.
-                        return Err(QueryOutcome::Inconclusive(too_large(&shown, code, &content_type)));
+                        return Err(inconclusive(too_large(&shown, code, &content_type)));
                     }
                     body.extend_from_slice(&chunk);
                 }
                 Ok(None) => break,
                 Err(e) if e.is_timeout() => {
-                    return Err(QueryOutcome::Inconclusive(format!(
+                    return Err(timed_out(format!(
                         "Prometheus at {shown} did not finish its answer within {:?}",
                         self.timeout
                     )));
                 }
                 Err(e) => {
-                    return Err(QueryOutcome::Inconclusive(short(&format!(
+                    return Err(inconclusive(short(&format!(
                         "reading the answer of Prometheus at {shown}: {}",
                         chain(&e.without_url())
                     ))));
@@ -498,6 +530,72 @@ pub(crate) mod tests {
         );
         assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "the redirect was followed");
+    }
+
+    /// A server that accepts connections and never answers, and the count it accepted.
+    pub(crate) async fn hanging() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                open.push(stream);
+            }
+        });
+        (url, accepted)
+    }
+
+    /// An address whose connections are never accepted (a listener with a full backlog: the
+    /// kernel drops further handshakes), and the listener and connections that keep it so.
+    pub(crate) async fn unaccepting() -> (String, Vec<tokio::net::TcpStream>, tokio::net::TcpListener) {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        let listener = socket.listen(0).expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let connect = tokio::net::TcpStream::connect(addr);
+            match tokio::time::timeout(std::time::Duration::from_millis(200), connect).await {
+                Ok(Ok(stream)) => held.push(stream),
+                Ok(Err(e)) => panic!("connecting to fill the backlog: {e}"),
+                Err(_) => return (format!("http://{addr}"), held, listener),
+            }
+        }
+        panic!("the backlog of {addr} never filled");
+    }
+
+    /// A query ends when time runs out, and says where: a connection never accepted ends at
+    /// the connect timeout, an answer that never comes at the query timeout. Both count as
+    /// timed out (what rests a dedicated endpoint); an answer, even a bad one, does not.
+    #[tokio::test]
+    async fn timeouts_say_where_time_ran_out() {
+        let ms = std::time::Duration::from_millis;
+        let client = PrometheusClient::with_timeouts(ms(2000), ms(300)).expect("client");
+        let (url, _held, _listener) = unaccepting().await;
+        let started = std::time::Instant::now();
+        let asked = client.ask(&url, "up").await;
+        assert!(asked.timed_out, "{asked:?}");
+        assert!(
+            matches!(&asked.outcome, QueryOutcome::Inconclusive(m) if m.contains("did not accept a connection within 300ms")),
+            "{asked:?}"
+        );
+        assert!(started.elapsed() < ms(1000), "it ended at the connect timeout: {:?}", started.elapsed());
+
+        let client = PrometheusClient::with_timeouts(ms(300), ms(300)).expect("client");
+        let (url, _) = hanging().await;
+        let asked = client.ask(&url, "up").await;
+        assert!(asked.timed_out, "{asked:?}");
+        assert!(
+            matches!(&asked.outcome, QueryOutcome::Inconclusive(m) if m.contains("did not answer within 300ms")),
+            "{asked:?}"
+        );
+
+        let (url, _, _) = serve("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n".into(), None).await;
+        let asked = client.ask(&url, "up").await;
+        assert!(!asked.timed_out && matches!(asked.outcome, QueryOutcome::Inconclusive(_)), "{asked:?}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Prometheus endpoints at rest for a tenant: once a query of a tenant's run to a dedicated
-//! Prometheus (the tenant's own) took the whole query timeout, that tenant does not ask it
+//! Prometheus (the tenant's own) timed out (no connection within the connect timeout, or no
+//! whole answer within the query timeout), that tenant does not ask it
 //! again for `REST`, and its runs are inconclusive without a turn meanwhile.
 //!
 //! A tenant whose Prometheus hangs would otherwise hold analysis turns for ten seconds per
@@ -15,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How long a tenant does not ask a Prometheus after one of its queries took the whole timeout.
+/// How long a tenant does not ask a Prometheus after one of its queries timed out.
 pub const REST: Duration = Duration::from_secs(30);
 
 /// Tenants' endpoints at rest, until when. Clones share them.
