@@ -40,32 +40,71 @@ impl Refusal {
     }
 }
 
-/// The form two URLs are compared in: trimmed, without trailing slashes.
-fn normal(url: &str) -> &str {
+/// The URL as written, trimmed and without trailing slashes (what is asked and shown).
+fn trimmed(url: &str) -> &str {
     url.trim().trim_end_matches('/')
+}
+
+/// The form two URLs are compared in, so that spellings of one address compare equal: parsed,
+/// with the scheme and host in lower case, the scheme's default port written out, no trailing
+/// slashes or trailing dot, and a Service's `.svc` and `.svc.<cluster domain>` suffixes
+/// dropped (`prometheus.monitoring.svc.cluster.local` is `prometheus.monitoring`). Credentials,
+/// the path and the query stay: another path is another endpoint. Text that is not a URL
+/// is compared trimmed. An IP address and a name of it still differ (no DNS is asked).
+fn same_address(url: &str) -> String {
+    let text = trimmed(url);
+    let Ok(parsed) = url::Url::parse(text) else {
+        return text.to_string();
+    };
+    let host = match parsed.host() {
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            let labels: Vec<&str> = d.split('.').collect();
+            match labels.as_slice() {
+                [service, namespace, "svc", ..] => format!("{service}.{namespace}"),
+                _ => d,
+            }
+        }
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    let credentials = match (parsed.username(), parsed.password()) {
+        ("", None) => String::new(),
+        (user, password) => format!("{user}:{}@", password.unwrap_or_default()),
+    };
+    format!(
+        "{}://{credentials}{host}:{}{}{}",
+        parsed.scheme(),
+        parsed.port_or_known_default().map(|p| p.to_string()).unwrap_or_default(),
+        parsed.path().trim_end_matches('/'),
+        parsed.query().map(|q| format!("?{q}")).unwrap_or_default()
+    )
 }
 
 /// The endpoint for an App that names `named` (its `prometheusUrl`), given the operator's
 /// default and its Tenant's list (empty without a Tenant).
 pub fn choose(named: Option<&str>, default: Option<&str>, tenant: &[TenantPrometheus]) -> Result<Endpoint, Refusal> {
-    let default = default.map(normal).filter(|d| !d.is_empty());
+    let default = default.map(trimmed).filter(|d| !d.is_empty());
     let allowed = || {
         let list: Vec<String> = default.iter().map(|d| shown(d)).chain(tenant.iter().map(|t| shown(&t.url))).collect();
         if list.is_empty() { "none".to_string() } else { list.join(", ") }
     };
-    let Some(named) = named.map(normal) else {
+    let Some(named) = named.map(trimmed) else {
         return default
             .map(|d| Endpoint { url: d.to_string(), scoped: true })
             .ok_or_else(|| Refusal::NoneConfigured { allowed: allowed() });
     };
+    let named_address = same_address(named);
+    // What is asked is always the platform's spelling, never the App's.
+    let listed = tenant.iter().find(|t| same_address(&t.url) == named_address);
     // The operator's default first: it is shared, so it stays limited even if a Tenant also
-    // lists it as dedicated.
-    if default == Some(named) {
-        return Ok(Endpoint { url: named.to_string(), scoped: true });
+    // lists it as dedicated, under whatever spelling.
+    if let Some(d) = default.filter(|d| same_address(d) == named_address) {
+        return Ok(Endpoint { url: d.to_string(), scoped: true });
     }
-    match tenant.iter().find(|t| normal(&t.url) == named) {
+    match listed {
         Some(t) => {
-            Ok(Endpoint { url: normal(&t.url).to_string(), scoped: t.isolation != PrometheusIsolation::Dedicated })
+            Ok(Endpoint { url: trimmed(&t.url).to_string(), scoped: t.isolation != PrometheusIsolation::Dedicated })
         }
         None => Err(Refusal::NotAllowed { named: shown(named), allowed: allowed() }),
     }
@@ -136,6 +175,65 @@ mod tests {
         let tenant = [listed("http://prometheus.monitoring:9090", PrometheusIsolation::Dedicated)];
         let e = choose(Some("http://prometheus.monitoring:9090"), Some("http://prometheus.monitoring:9090"), &tenant);
         assert_eq!(e.map(|e| e.scoped), Ok(true));
+    }
+
+    /// A Tenant listing the operator's default as Dedicated under another spelling of it does
+    /// not make its queries there unscoped: whichever spelling the App names, what is asked is
+    /// the default, limited to the App's namespace.
+    #[test]
+    fn the_default_stays_limited_under_any_spelling() {
+        let default = Some("http://prometheus.monitoring:9090");
+        let limited = Ok(Endpoint { url: "http://prometheus.monitoring:9090".into(), scoped: true });
+        for spelling in [
+            "http://Prometheus.MONITORING:9090",
+            "HTTP://prometheus.monitoring:9090/",
+            "http://prometheus.monitoring.:9090",
+            "http://prometheus.monitoring.svc:9090",
+            "http://prometheus.monitoring.svc.cluster.local:9090//",
+            " http://prometheus.monitoring.svc.example.internal:9090 ",
+        ] {
+            let tenant = [listed(spelling, PrometheusIsolation::Dedicated)];
+            assert_eq!(choose(Some(spelling), default, &tenant), limited, "{spelling}");
+            assert_eq!(choose(Some("http://prometheus.monitoring:9090"), default, &tenant), limited, "{spelling}");
+        }
+        let default = Some("https://prometheus.monitoring");
+        let tenant = [listed("https://prometheus.monitoring:443/", PrometheusIsolation::Dedicated)];
+        let limited = Ok(Endpoint { url: "https://prometheus.monitoring".into(), scoped: true });
+        assert_eq!(choose(Some("https://prometheus.monitoring:443"), default, &tenant), limited, "the default port");
+    }
+
+    /// Another port, scheme, path, query or credentials is another endpoint: an App naming it
+    /// is refused, and a Tenant's dedicated endpoint there stays dedicated.
+    #[test]
+    fn other_addresses_stay_other() {
+        let default = Some("http://prometheus.monitoring:9090");
+        for other in [
+            "http://prometheus.monitoring:9091",
+            "https://prometheus.monitoring:9090",
+            "http://prometheus.monitoring:9090/api",
+            "http://prometheus.monitoring:9090?x=1",
+            "http://admin:x@prometheus.monitoring:9090",
+            "http://prometheus.other:9090",
+            "http://prometheus.monitoring.example.com:9090",
+            "http://10.0.0.1:9090",
+        ] {
+            assert_eq!(
+                choose(Some(other), default, &[]).map_err(|r| r.reason()),
+                Err("PrometheusNotAllowed"),
+                "{other}"
+            );
+            let tenant = [listed(other, PrometheusIsolation::Dedicated)];
+            assert_eq!(choose(Some(other), default, &tenant).map(|e| e.scoped), Ok(false), "{other}");
+        }
+    }
+
+    /// An App may name a listed endpoint under another spelling; what is asked is the
+    /// platform's spelling.
+    #[test]
+    fn what_is_asked_is_the_platforms_spelling() {
+        let tenant = [listed("http://prometheus.shop:9090/", PrometheusIsolation::Dedicated)];
+        let e = choose(Some("http://PROMETHEUS.shop.svc.cluster.local:9090"), None, &tenant);
+        assert_eq!(e, Ok(Endpoint { url: "http://prometheus.shop:9090".into(), scoped: false }));
     }
 
     #[test]
