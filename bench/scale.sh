@@ -10,6 +10,11 @@
 #   FLOTILLA_BENCH_OPERATOR_REPLICAS=5 bash bench/scale.sh 100 1000     replicas of the operator (default 3)
 #   FLOTILLA_BENCH_BIN=path      another build of the replica to run (default: the release build)
 #   FLOTILLA_BENCH_BASELINE=0    skips the bare client (no ratio): for runs about the rest
+#   FLOTILLA_BENCH_FLOOR=1       also times a bare client that makes the writes any operator
+#                                must make for an App (the App, its Deployment, Service and
+#                                status), on a control plane of its own with the CRDs and
+#                                no operator: what the apiserver alone needs for them;
+#                                FLOTILLA_BENCH_FLOOR=apps the same without the status writes
 #   FLOTILLA_BENCH_LOGS=dir      keeps the replicas' logs and the audit log of Flotilla's run
 #   FLOTILLA_BENCH_ENV_I="K=V ..." environment of replica I alone (MALLOC_ARENA_MAX=1, ...);
 #                                shards go to replicas by name, the first ones take one more
@@ -245,6 +250,66 @@ else
   echo ">> baseline skipped (FLOTILLA_BENCH_BASELINE=0): no ratio in this run"
 fi
 
+# The floor: what no operator can write less than for a new App, written by the same clients
+# without an operator. The App (the user's own write), its Deployment and Service, and one
+# status write with what Flotilla's first status holds (its two conditions, the version and
+# the replica counts). Each client creates its namespaces' objects, one kubectl per namespace
+# as the bare client does, then applies all their statuses with one kubectl (one per
+# namespace would add a process start for each, not a write).
+FLOOR=${FLOTILLA_BENCH_FLOOR:-0}
+floor=null
+case $FLOOR in 0 | 1 | apps) ;; *) echo "error: FLOTILLA_BENCH_FLOOR is 0, 1 or apps" >&2; exit 1 ;; esac
+if [ "$FLOOR" != 0 ]; then
+fresh_cluster
+floor_what="Apps, their Deployments, Services and statuses"
+[ "$FLOOR" = apps ] && floor_what="Apps (no status), their Deployments and Services"
+echo ">> floor: a bare client writes $APPS $floor_what (CRDs, no operator)"
+kubectl apply --server-side -f crds/flotilla.dev.yaml >/dev/null
+until kubectl get crd apps.flotilla.dev -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null | grep -q True; do sleep 0.2; done
+seq -f "floor-%04g" 0 $((NAMESPACES - 1)) | xargs -P "$PARALLEL" -n 1 kubectl create namespace >/dev/null
+make_files floor Deployment
+make_files floor-app App
+at=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+for f in "$WORK"/floor-app/*.yaml; do
+  ns=$(basename "$f" .yaml)
+  # The Apps go first in each namespace's file, as a user's create comes before the operator's.
+  sed "s/namespace: floor-app-/namespace: floor-/" "$f" >"$WORK/floor/$ns.all"
+  cat "$WORK/floor/${ns/floor-app-/floor-}.yaml" >>"$WORK/floor/$ns.all"
+  grep -o 'name: app-[0-9]*' "$f" | while read -r _ name; do
+    cat <<YAML
+---
+apiVersion: flotilla.dev/v1beta1
+kind: App
+metadata: {name: $name, namespace: ${ns/floor-app-/floor-}}
+status:
+  observedGeneration: 1
+  currentVersion: "1"
+  targetVersion: "1"
+  replicas: 0
+  readyReplicas: 0
+  ready: 0/0
+  phase: Healthy
+  conditions:
+  - {type: Ready, status: "True", reason: Available, message: "version 1 is available with 0/0 replicas ready", lastTransitionTime: "$at", observedGeneration: 1}
+  - {type: Progressing, status: "True", reason: Available, message: "version 1 is available with 0/0 replicas ready", lastTransitionTime: "$at", observedGeneration: 1}
+YAML
+  done >"$WORK/floor/$ns.status"
+  [ "$FLOOR" = 1 ] || : >"$WORK/floor/$ns.status"
+done
+rm -f "$WORK"/floor/floor-*.yaml
+t0=$(now)
+ls "$WORK"/floor/*.all | xargs -P "$PARALLEL" -n "$per_client" sh -c \
+  'for f; do kubectl create -f "$f" >/dev/null; done
+   for f; do cat "${f%.all}.status"; done >"${1%.all}.statuses"
+   [ ! -s "${1%.all}.statuses" ] || kubectl apply --server-side --field-manager=floor --subresource=status -f "${1%.all}.statuses" >/dev/null' _
+echo "   the clients wrote every object after $(since "$t0")s"
+until [ "$(kubectl get deployments -A -o jsonpath='{range .items[*]}{.metadata.namespace} {.metadata.generation}={.status.observedGeneration}:{.spec.replicas}={.status.availableReplicas}{"\n"}{end}' \
+      | awk -F'[ =:]' '$1 ~ /^floor-/ && $2==$3 && $4==($5==""?0:$5)' | wc -l)" -ge "$APPS" ] \
+  && { [ "$FLOOR" = apps ] || [ "$(kubectl get apps -A -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')" -ge "$APPS" ]; }; do sleep "$POLL"; done
+floor=$(since "$t0")
+echo "   all $APPS $floor_what written, the Deployments available, after ${floor}s"
+fi
+
 fresh_cluster
 echo ">> Flotilla: CRDs, RBAC, $REPLICAS replicas, tenants onboarding $NAMESPACES namespaces"
 bash hack/install-local.sh "$CLUSTER" "$WORK/op.kubeconfig"
@@ -379,6 +444,7 @@ for i in $ids; do
   json_replicas+=("{\"replica\":\"scale-$i\",$fig_json,\"onboarded_rss_mib\":$onboarded,${made_of_json[$i]},\"env\":$env_json,\"under_heaptrack\":$heaptracked}")
 done
 ratio=null; [ "$baseline" = null ] || ratio=$(awk "BEGIN{printf \"%.2f\", $flotilla / $baseline}")
+floor_ratio=null; [ "$floor" = null ] || floor_ratio=$(awk "BEGIN{printf \"%.2f\", $flotilla / $floor}")
 
 FAILOVER=${FLOTILLA_BENCH_FAILOVER:-1}
 [ "$REPLICAS" -ge 2 ] || FAILOVER=0
@@ -581,7 +647,7 @@ mkdir -p bench/results
 out=bench/results/scale-$(date -u +%Y%m%dT%H%M%SZ).json
 cat >"$out" <<JSON
 {"namespaces":$NAMESPACES,"apps":$APPS,"pod_replicas_per_app":$POD_REPLICAS,"parallel_clients":$PARALLEL,
- "baseline_seconds":$baseline,"flotilla_seconds":$flotilla,"ratio":$ratio,
+ "baseline_seconds":$baseline,"flotilla_seconds":$flotilla,"ratio":$ratio,"floor":"$FLOOR","floor_seconds":$floor,"ratio_to_floor":$floor_ratio,
  "idle_seconds":$IDLE,"idle_writes":$idle_writes,
  "change_latency_seconds":{"p50":$p50,"p99":$p99,"samples":[$(IFS=,; echo "${lat[*]}")]},
  "operator_replicas":$REPLICAS,"operator_args":$(printf '%s' "${FLOTILLA_BENCH_OPERATOR_ARGS:-}" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))'),
@@ -598,6 +664,10 @@ unit() { [ "$1" = null ] && echo - || echo "$1$2"; }
 echo "| bare client: $APPS Deployments available and Services created | $(unit "$baseline" s) | |"
 echo "| Flotilla: every App has its Deployment and current status | ${flotilla}s | |"
 echo "| ratio Flotilla / bare client | $(unit "$ratio" x) | <= 1.3x |"
+if [ "$floor" != null ]; then
+  echo "| floor: a bare client writes $APPS $floor_what | ${floor}s | |"
+  echo "| ratio Flotilla / floor | $(unit "$floor_ratio" x) | |"
+fi
 echo "| writes by the operator in ${IDLE} idle seconds | $idle_writes | 0 |"
 echo "| one changed App's rollout started (status at the new generation and version; p50 / p99 over $CHANGES) | ${p50}s / ${p99}s | p99 <= 1 s |"
 if [ "$FAILOVER" = 1 ]; then
