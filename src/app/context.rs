@@ -69,6 +69,8 @@ pub struct Context {
     pub tenants: Option<Store<Tenant>>,
     /// Slots shared by the reconciles of every served namespace (see `reconcile`).
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// This namespace's turns, taken before a slot (`namespace_turns`).
+    pub namespace_turns: crate::app::namespace_turns::NamespaceTurns,
     /// Pod annotations a tenant may not set.
     pub pod_policy: Arc<crate::app::pod_policy::PodPolicy>,
     failures: Mutex<HashMap<(String, String), u32>>,
@@ -116,6 +118,7 @@ impl Context {
             tenant: None,
             tenants: None,
             slots: None,
+            namespace_turns: Default::default(),
             pod_policy: Arc::default(),
             failures: Mutex::default(),
             written: Mutex::default(),

@@ -73,7 +73,7 @@ pub struct Shared {
     pub pod_policy: Arc<crate::app::pod_policy::PodPolicy>,
     /// Whether the apiserver streams a watch's initial state (`watch_cache::streaming_lists`).
     pub streaming_lists: bool,
-    /// Reconciles of one namespace's Apps in flight at once (0: no bound). See
+    /// Reconciles of one namespace's Apps working at once (0: no bound). See
     /// `controller_config`.
     pub reconciles_per_namespace: u16,
 }
@@ -98,7 +98,7 @@ pub type Streams = ManagedStreams<
 /// The controller's context and the watch streams that fill its caches. The streams must
 /// be polled (the controller does; a test can drain them) for the caches to fill.
 pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
-    let Shared { events, metrics, analyzer, slots, pod_policy, streaming_lists, reconciles_per_namespace: _ } = shared;
+    let Shared { events, metrics, analyzer, slots, pod_policy, streaming_lists, reconciles_per_namespace } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector()).page_size(LIST_PAGE);
     // Deployments as projections: what the planner and the drift check read (`projection`).
     // Both kept as text (`Compact`): a reconcile reads back the few it needs.
@@ -139,6 +139,7 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let events = events.with_client(client.clone());
     let mut ctx = Context::new(client, events, metrics, caches, analyzer);
     ctx.slots = slots;
+    ctx.namespace_turns = crate::app::namespace_turns::NamespaceTurns::new(reconciles_per_namespace);
     ctx.pod_policy = pod_policy;
     if let Some(s) = served_by {
         ctx.fence = Some(s.fence);
@@ -236,27 +237,29 @@ fn apps_reading(apps: &Store<Compact<App>>, config_map: &ConfigMapKey) -> Vec<Ob
         .collect()
 }
 
-/// How a namespace's App controller runs: at most `per_namespace` of its reconciles in flight
-/// at once (0: no bound).
+/// How a namespace's App controller runs: every reconcile that is due starts at once, and
+/// waits for one of its namespace's turns (`Shared::reconciles_per_namespace`, taken first
+/// come, first served: `namespace_turns`) before anything else.
 ///
-/// The replica's slots (`Shared::slots`) bound the reconciles that work; this bounds, per
-/// served namespace, those in flight (working, or waiting for the namespace's caches, a slot
-/// or an analysis turn):
+/// The replica's slots (`Shared::slots`) bound the reconciles that work; the namespace's turns
+/// bound, per served namespace, those working or waiting for the namespace's caches, a slot
+/// or an analysis turn:
 /// - A tenant that creates thousands of Apps in one namespace queues only a few of them for
 ///   the slots at a time, among the other namespaces' reconciles, instead of all of them
 ///   ahead of every other tenant's.
-/// - kube-runtime keeps a reconcile in flight as a spawned task, a tracing span and an entry
-///   of its runner's hash map, and that map keeps the room its largest burst needed for as
-///   long as the controller runs: about 600 bytes an entry, 9 KiB a namespace after each of
-///   10 Apps had one in flight (`bench/heap.sh`). Three hold 4 entries' room.
+/// - A reconcile waits for at most the reconciles of its namespace that asked before it. The
+///   controller's own bound (kube-runtime's `concurrency`) is not used: the messages it holds
+///   back wait in a hash set, taken in its iteration order, and Apps that came due again and
+///   again kept an App late in that order waiting for good.
 ///
-/// The Apps that wait for a turn wait in kube-runtime's scheduler, which keeps a smaller
-/// entry for each (about 130 bytes, and its set too keeps its largest burst's room), and
-/// takes them in no particular order. An App whose analysis waits for its Prometheus holds a
-/// turn meanwhile (at most `rollout::measure::TURN_WAIT` for an analysis turn, then the
-/// query timeout). The operator of a single namespace (`--namespace`) sets no bound.
-pub fn controller_config(per_namespace: u16) -> kube::runtime::controller::Config {
-    kube::runtime::controller::Config::default().concurrency(per_namespace)
+/// What that costs: kube-runtime keeps each reconcile in flight as an entry of its runner's
+/// hash map (about 600 bytes with the small future that waits for the turn; the rest of the
+/// reconcile is boxed once the turn is taken), and that map keeps the room of its largest
+/// burst for as long as the controller runs: about 9 KiB a namespace after each of 10 Apps
+/// had one in flight (`bench/heap.sh`), where a bound of three kept 4 entries' room. The
+/// operator of a single namespace (`--namespace`) sets no bound.
+pub fn controller_config() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default()
 }
 
 /// The App controller of `apps`, triggered by their changes and by those of what they own
@@ -296,10 +299,8 @@ pub fn app_controller(
         Scope::Namespace(ns) => ns.clone(),
     };
     let registration = shared.metrics.app_index().register(&namespace, apps.clone(), ready.clone());
-    let per_namespace = shared.reconciles_per_namespace;
     let (ctx, streams) = context(client, &scope, shared, served_by);
-    let controller =
-        controller_of(app_events, apps, streams, controller_config(per_namespace)).graceful_shutdown_on(shutdown);
+    let controller = controller_of(app_events, apps, streams, controller_config()).graceful_shutdown_on(shutdown);
     async move {
         // Dropped with this future: the namespace's Apps leave the per-App series.
         let _registration = registration;
@@ -336,6 +337,8 @@ mod tests {
     use super::*;
     use kube::api::DynamicObject;
     use kube::runtime::reflector::store::Writer;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
 
     fn cached(name: &str, namespace: &str, template: serde_json::Value) -> Compact<App> {
         // "replicas": an App that is invalid elsewhere than in its template.
@@ -351,11 +354,20 @@ mod tests {
         Compact::of(obj)
     }
 
-    /// Runs the controller over `count` Apps of one namespace, each reconcile taking 20 ms,
-    /// and returns the most reconciles that were in flight at once.
-    async fn most_in_flight(count: usize, config: kube::runtime::controller::Config) -> usize {
+    /// Runs the controller over `count` Apps of one namespace, as `reconcile` does (each takes
+    /// a turn of `turns` first), until `until`; each reconcile works for `works` and asks to
+    /// run again after `again`. Returns the most reconciles that worked at once and, per
+    /// App, the longest it waited between two reconciles (to its first one, or to `until`).
+    async fn run_namespace(
+        count: usize,
+        config: kube::runtime::controller::Config,
+        turns: crate::app::namespace_turns::NamespaceTurns,
+        works: std::time::Duration,
+        again: Option<std::time::Duration>,
+        until: std::time::Duration,
+    ) -> (usize, Vec<std::time::Duration>) {
         use std::sync::atomic::AtomicUsize;
-        use std::time::Duration;
+        use tokio::time::Instant;
         let apps: Vec<_> = (0..count).map(|i| cached(&format!("app-{i}"), "team", serde_json::json!({}))).collect();
         let mut writer = Writer::<Compact<App>>::default();
         let reader = writer.as_reader();
@@ -370,34 +382,76 @@ mod tests {
         let streams = ManagedStreams { deployments: empty(), hpas: empty(), services: empty(), config_maps: empty() };
         // A watch does not end: a controller whose triggers end stops.
         let events = futures::stream::iter(apps.into_iter().map(Ok)).chain(futures::stream::pending());
-        // In flight now, and the most so far.
-        let counts = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
-        let reconciled = controller_of(events, reader, streams, config)
+        struct Seen {
+            working: AtomicUsize,
+            most: AtomicUsize,
+            /// Per App: when it last started working, and the longest wait so far.
+            waits: Mutex<HashMap<String, (Instant, std::time::Duration)>>,
+            turns: crate::app::namespace_turns::NamespaceTurns,
+        }
+        let started = Instant::now();
+        let seen = Arc::new(Seen {
+            working: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            waits: Mutex::new((0..count).map(|i| (format!("app-{i}"), (started, Default::default()))).collect()),
+            turns,
+        });
+        let run = controller_of(events, reader, streams, config)
             .run(
-                |_app, counts: Arc<(AtomicUsize, AtomicUsize)>| async move {
-                    let now = counts.0.fetch_add(1, Ordering::SeqCst) + 1;
-                    counts.1.fetch_max(now, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    counts.0.fetch_sub(1, Ordering::SeqCst);
-                    Ok::<_, std::io::Error>(kube::runtime::controller::Action::await_change())
+                move |app: Arc<Compact<App>>, seen: Arc<Seen>| async move {
+                    let _turn = seen.turns.take().await;
+                    let now = seen.working.fetch_add(1, Ordering::SeqCst) + 1;
+                    seen.most.fetch_max(now, Ordering::SeqCst);
+                    if let Some((last, longest)) = seen.waits.lock().expect("waits").get_mut(&kube::ResourceExt::name_any(app.as_ref())) {
+                        *longest = (*longest).max(last.elapsed());
+                        *last = Instant::now();
+                    }
+                    tokio::time::sleep(works).await;
+                    seen.working.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(match again {
+                        Some(after) => kube::runtime::controller::Action::requeue(after),
+                        None => kube::runtime::controller::Action::await_change(),
+                    })
                 },
                 |_, _, _| kube::runtime::controller::Action::await_change(),
-                counts.clone(),
+                seen.clone(),
             )
-            .take(count)
-            .filter(|r| futures::future::ready(r.is_ok()))
-            .count();
-        let reconciled = tokio::time::timeout(Duration::from_secs(20), reconciled).await.expect("every App reconciled");
-        assert_eq!(reconciled, count, "every App reconciled once");
-        counts.1.load(Ordering::SeqCst)
+            .for_each(|_| futures::future::ready(()));
+        let _ = tokio::time::timeout(until, run).await;
+        let waits = seen.waits.lock().expect("waits");
+        let mut longest: Vec<_> = waits.values().map(|(last, longest)| (*longest).max(last.elapsed())).collect();
+        longest.sort();
+        (seen.most.load(Ordering::SeqCst), longest)
     }
 
     /// A namespace's Apps take turns three at a time. The clock is paused (it moves on only
     /// when every task waits), so that every reconcile let in starts before any ends.
     #[tokio::test(start_paused = true)]
-    async fn a_namespace_has_at_most_its_share_of_reconciles_in_flight() {
-        assert_eq!(most_in_flight(12, controller_config(3)).await, 3);
-        assert_eq!(most_in_flight(12, controller_config(0)).await, 12, "0: no bound");
+    async fn a_namespace_has_at_most_its_share_of_reconciles_working() {
+        use crate::app::namespace_turns::NamespaceTurns;
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let (most, _) = run_namespace(12, controller_config(), NamespaceTurns::new(3), ms(20), None, ms(1000)).await;
+        assert_eq!(most, 3);
+        let (most, _) = run_namespace(12, controller_config(), NamespaceTurns::new(0), ms(20), None, ms(1000)).await;
+        assert_eq!(most, 12, "0: no bound");
+    }
+
+    /// Ten Apps of a namespace whose reconciles each take 10 s and come due again a second
+    /// after (an analysis against a Prometheus that hangs), in three turns: each App is
+    /// reconciled at least every ten seconds' worth of the reconciles ahead of it (about 35 s).
+    /// With kube-runtime's own bound instead, the Apps it held back were taken in its hash
+    /// set's order, and some waited the whole five minutes.
+    #[tokio::test(start_paused = true)]
+    async fn no_app_of_a_busy_namespace_waits_for_good() {
+        use crate::app::namespace_turns::NamespaceTurns;
+        use std::time::Duration;
+        let s = Duration::from_secs;
+        let (most, waits) =
+            run_namespace(10, controller_config(), NamespaceTurns::new(3), s(10), Some(s(1)), s(300)).await;
+        assert_eq!(most, 3);
+        let longest = *waits.last().expect("ten Apps");
+        assert!(longest <= s(45), "an App waited {longest:?} between two reconciles: {waits:?}");
     }
 
     /// What the readiness task relies on.

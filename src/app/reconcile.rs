@@ -69,6 +69,14 @@ pub async fn reconcile(obj: Arc<Compact<App>>, ctx: Arc<Context>) -> Result<Acti
     }
     span.record("namespace", namespace);
     span.record("app", obj.name_any());
+    // The namespace's turn first, in the order asked (`namespace_turns`). Until then this
+    // future is all a waiting reconcile holds: the rest is boxed once the turn is taken.
+    let _turn = ctx.namespace_turns.take().await;
+    Box::pin(reconcile_in_turn(obj, ctx)).await
+}
+
+/// `reconcile`, in the namespace's turn.
+async fn reconcile_in_turn(obj: Arc<Compact<App>>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     // A replica that starts serving hundreds of namespaces has thousands of Apps to look at;
     // all in flight at once, each would hold its parsed App and desired objects while waiting
     // for the apiserver. They take turns in a few slots instead.
@@ -90,7 +98,7 @@ pub async fn reconcile(obj: Arc<Compact<App>>, ctx: Arc<Context>) -> Result<Acti
         Err(ReconcileError::CachesNotSynced { namespace: obj.namespace().unwrap_or_default(), after: CACHE_SYNC_LIMIT })
     };
     ctx.metrics.reconciled(CONTROLLER, started.elapsed(), result.as_ref().err().map(ReconcileError::kind));
-    span.record("result", if result.is_ok() { "ok" } else { "error" });
+    Span::current().record("result", if result.is_ok() { "ok" } else { "error" });
     if result.is_ok() {
         ctx.reset_failures(obj.as_ref());
     }
