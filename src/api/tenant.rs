@@ -229,7 +229,10 @@ pub enum NamespaceState {
 #[serde(rename_all = "camelCase")]
 pub struct TenantPrometheus {
     /// The query API's base URL, for example `http://prometheus.monitoring:9090`: an App's
-    /// `spec.rollout.analysis.prometheusUrl` must be exactly this (a trailing `/` aside).
+    /// `spec.rollout.analysis.prometheusUrl` names it by this URL or another spelling of it
+    /// (case, the default port, a trailing `/`, a `.svc` suffix); this spelling is what is
+    /// asked. An endpoint at the host and port of the operator's `--prometheus-url` is
+    /// limited to the App's namespace like that one, even if `Dedicated`.
     #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$')").message("must be an http:// or https:// URL").reason(kube::core::Reason::FieldValueInvalid))]
     #[schemars(length(max = 512))]
     pub url: String,

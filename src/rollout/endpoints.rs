@@ -45,23 +45,28 @@ fn trimmed(url: &str) -> &str {
     url.trim().trim_end_matches('/')
 }
 
-/// The form two URLs are compared in, so that spellings of one address compare equal: parsed,
-/// with the scheme and host in lower case, the scheme's default port written out, no trailing
-/// slashes or trailing dot, and a Service's `.svc` and `.svc.<cluster domain>` suffixes
-/// dropped (`prometheus.monitoring.svc.cluster.local` is `prometheus.monitoring`). Credentials,
-/// the path and the query stay: another path is another endpoint. Text that is not a URL
-/// is compared trimmed. An IP address and a name of it still differ (no DNS is asked).
-fn same_address(url: &str) -> String {
-    let text = trimmed(url);
-    let Ok(parsed) = url::Url::parse(text) else {
-        return text.to_string();
-    };
+/// A URL's parts as compared: scheme, credentials, host, port, path and query. Parsed, with
+/// the scheme and host in lower case, the scheme's default port written out, no trailing
+/// slashes or trailing dot, and a Service's `.svc` and `.svc.cluster.local` suffixes dropped
+/// (`prometheus.monitoring.svc.cluster.local` is `prometheus.monitoring`). `None` for text
+/// that is not a URL. An IP address and a name of it still differ (no DNS is asked).
+struct Address {
+    scheme: String,
+    credentials: String,
+    host_port: String,
+    rest: String,
+}
+
+fn address(url: &str) -> Option<Address> {
+    let parsed = url::Url::parse(trimmed(url)).ok()?;
     let host = match parsed.host() {
         Some(url::Host::Domain(d)) => {
             let d = d.trim_end_matches('.').to_ascii_lowercase();
             let labels: Vec<&str> = d.split('.').collect();
             match labels.as_slice() {
-                [service, namespace, "svc", ..] => format!("{service}.{namespace}"),
+                [service, namespace, "svc"] | [service, namespace, "svc", "cluster", "local"] => {
+                    format!("{service}.{namespace}")
+                }
                 _ => d,
             }
         }
@@ -72,13 +77,36 @@ fn same_address(url: &str) -> String {
         ("", None) => String::new(),
         (user, password) => format!("{user}:{}@", password.unwrap_or_default()),
     };
-    format!(
-        "{}://{credentials}{host}:{}{}{}",
-        parsed.scheme(),
-        parsed.port_or_known_default().map(|p| p.to_string()).unwrap_or_default(),
-        parsed.path().trim_end_matches('/'),
-        parsed.query().map(|q| format!("?{q}")).unwrap_or_default()
-    )
+    Some(Address {
+        scheme: parsed.scheme().to_string(),
+        credentials,
+        host_port: format!("{host}:{}", parsed.port_or_known_default().map(|p| p.to_string()).unwrap_or_default()),
+        rest: format!(
+            "{}{}",
+            parsed.path().trim_end_matches('/'),
+            parsed.query().map(|q| format!("?{q}")).unwrap_or_default()
+        ),
+    })
+}
+
+/// The form two URLs are compared in, so that spellings of one address compare equal
+/// (`Address`). Credentials, the path and the query stay: another path is another endpoint.
+/// Text that is not a URL is compared trimmed.
+fn same_address(url: &str) -> String {
+    match address(url) {
+        Some(a) => format!("{}://{}{}{}", a.scheme, a.credentials, a.host_port, a.rest),
+        None => trimmed(url).to_string(),
+    }
+}
+
+/// Whether `url` is served where `default` is (the same host and port, whatever the scheme,
+/// credentials or path): a Tenant's endpoint there is limited like the default, even if
+/// listed as dedicated.
+fn at_the_default(url: &str, default: Option<&str>) -> bool {
+    match (address(url), default.and_then(address)) {
+        (Some(a), Some(d)) => a.host_port == d.host_port,
+        _ => false,
+    }
 }
 
 /// The endpoint for an App that names `named` (its `prometheusUrl`), given the operator's
@@ -95,17 +123,22 @@ pub fn choose(named: Option<&str>, default: Option<&str>, tenant: &[TenantPromet
             .ok_or_else(|| Refusal::NoneConfigured { allowed: allowed() });
     };
     let named_address = same_address(named);
-    // What is asked is always the platform's spelling, never the App's.
-    let listed = tenant.iter().find(|t| same_address(&t.url) == named_address);
     // The operator's default first: it is shared, so it stays limited even if a Tenant also
     // lists it as dedicated, under whatever spelling.
     if let Some(d) = default.filter(|d| same_address(d) == named_address) {
         return Ok(Endpoint { url: d.to_string(), scoped: true });
     }
+    // The entry written as named first, then one of the same address. What is asked is
+    // always the platform's spelling, never the App's.
+    let listed = tenant
+        .iter()
+        .find(|t| trimmed(&t.url) == named)
+        .or_else(|| tenant.iter().find(|t| same_address(&t.url) == named_address));
     match listed {
-        Some(t) => {
-            Ok(Endpoint { url: trimmed(&t.url).to_string(), scoped: t.isolation != PrometheusIsolation::Dedicated })
-        }
+        Some(t) => Ok(Endpoint {
+            url: trimmed(&t.url).to_string(),
+            scoped: t.isolation != PrometheusIsolation::Dedicated || at_the_default(&t.url, default),
+        }),
         None => Err(Refusal::NotAllowed { named: shown(named), allowed: allowed() }),
     }
 }
@@ -190,7 +223,6 @@ mod tests {
             "http://prometheus.monitoring.:9090",
             "http://prometheus.monitoring.svc:9090",
             "http://prometheus.monitoring.svc.cluster.local:9090//",
-            " http://prometheus.monitoring.svc.example.internal:9090 ",
         ] {
             let tenant = [listed(spelling, PrometheusIsolation::Dedicated)];
             assert_eq!(choose(Some(spelling), default, &tenant), limited, "{spelling}");
@@ -203,28 +235,51 @@ mod tests {
     }
 
     /// Another port, scheme, path, query or credentials is another endpoint: an App naming it
-    /// is refused, and a Tenant's dedicated endpoint there stays dedicated.
+    /// is refused. A Tenant's dedicated endpoint elsewhere stays dedicated; one served where
+    /// the default is (its host and port) is limited like the default.
     #[test]
     fn other_addresses_stay_other() {
         let default = Some("http://prometheus.monitoring:9090");
-        for other in [
+        let elsewhere = [
             "http://prometheus.monitoring:9091",
+            "http://prometheus.other:9090",
+            "http://prometheus.monitoring.example.com:9090",
+            "http://prometheus.monitoring.svc.elsewhere.example:9090",
+            "http://10.0.0.1:9090",
+        ];
+        let at_the_default = [
             "https://prometheus.monitoring:9090",
             "http://prometheus.monitoring:9090/api",
             "http://prometheus.monitoring:9090?x=1",
             "http://admin:x@prometheus.monitoring:9090",
-            "http://prometheus.other:9090",
-            "http://prometheus.monitoring.example.com:9090",
-            "http://10.0.0.1:9090",
-        ] {
+            "http://x@prometheus.monitoring.svc:9090",
+        ];
+        for other in elsewhere.iter().chain(&at_the_default) {
             assert_eq!(
                 choose(Some(other), default, &[]).map_err(|r| r.reason()),
                 Err("PrometheusNotAllowed"),
                 "{other}"
             );
-            let tenant = [listed(other, PrometheusIsolation::Dedicated)];
-            assert_eq!(choose(Some(other), default, &tenant).map(|e| e.scoped), Ok(false), "{other}");
         }
+        for (urls, scoped) in [(&elsewhere, false), (&at_the_default, true)] {
+            for url in urls {
+                let tenant = [listed(url, PrometheusIsolation::Dedicated)];
+                let e = choose(Some(url), default, &tenant);
+                assert_eq!(e, Ok(Endpoint { url: url.to_string(), scoped }), "{url}");
+            }
+        }
+    }
+
+    /// Two entries of one address: the one written as the App names it is used.
+    #[test]
+    fn the_entry_written_as_named_comes_first() {
+        use PrometheusIsolation::*;
+        let tenant =
+            [listed("http://prometheus.shop.svc:9090", Shared), listed("http://prometheus.shop:9090", Dedicated)];
+        let e = choose(Some("http://prometheus.shop:9090"), None, &tenant);
+        assert_eq!(e, Ok(Endpoint { url: "http://prometheus.shop:9090".into(), scoped: false }));
+        let e = choose(Some("http://PROMETHEUS.shop:9090"), None, &tenant);
+        assert_eq!(e.map(|e| e.scoped), Ok(true), "else the first of that address");
     }
 
     /// An App may name a listed endpoint under another spelling; what is asked is the
