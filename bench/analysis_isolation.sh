@@ -6,8 +6,12 @@
 #   bash bench/analysis_isolation.sh [APPS] [ROUNDS]     default 200 Apps, 20 rounds
 #   FLOTILLA_BENCH_BIN=path/to/flotilla bash bench/analysis_isolation.sh   (default: a release build)
 #
-# - tenant "greedy": APPS Apps, each in a canary rollout whose analysis (every 1s) asks a
-#   server that accepts connections and never answers (each query waits for the 10 s timeout);
+# - tenant "greedy": APPS Apps, 10 to a namespace, each in a canary rollout whose analysis
+#   (every 1s) asks a server that accepts connections and never answers (each query waits
+#   for the 10 s timeout). The server is listed as Shared, the strongest case: a shared
+#   endpoint never rests. The Apps are spread over namespaces because each namespace has
+#   only a few reconciles at a time (`--reconciles-per-namespace`): in one namespace, the
+#   hanging runs would keep most of greedy's Apps from starting at all;
 # - tenant "quiet": one App; its Deployment is scaled by hand ROUNDS times, and the time until
 #   the operator has put spec.replicas back is taken each time (polled every 50 ms);
 # - the same drift rounds before the greedy rollouts start, as the baseline.
@@ -39,13 +43,15 @@ HANG=http://127.0.0.1:$HANG_PORT
 PIDS+=($!)
 until curl -fs 127.0.0.1:9590/readyz >/dev/null 2>&1; do sleep 0.2; done
 
+GREEDY_NS=$(( (APPS + 9) / 10 ))
+greedy_namespaces=$(seq -f "bench-greedy-%03g" 0 $((GREEDY_NS - 1)) | paste -sd, -)
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: flotilla.dev/v1beta1
 kind: Tenant
 metadata: {name: greedy}
 spec:
-  namespaces: [bench-greedy]
-  prometheusEndpoints: [{url: "$HANG"}]
+  namespaces: [$greedy_namespaces]
+  prometheusEndpoints: [{url: "$HANG", isolation: Shared}]
 ---
 apiVersion: flotilla.dev/v1beta1
 kind: Tenant
@@ -59,14 +65,14 @@ kind: App
 metadata: {name: web}
 spec: {image: registry.example.com/bench/web, version: "v1", replicas: 1}
 YAML
-app() { # app NAME VERSION
+app() { # app NUMBER VERSION
   cat <<YAML
 ---
 apiVersion: flotilla.dev/v1beta1
 kind: App
-metadata: {name: $1, namespace: bench-greedy}
+metadata: {name: a$1, namespace: $(printf 'bench-greedy-%03d' $(( ($1 - 1) / 10 )))}
 spec:
-  image: registry.example.com/bench/$1
+  image: registry.example.com/bench/a$1
   version: "$2"
   replicas: 2
   rollout:
@@ -77,9 +83,11 @@ spec:
       metrics: [{name: q, query: 'sum(rate(http_requests_total[1m]))', max: 1}]
 YAML
 }
-for i in $(seq 1 "$APPS"); do app "a$i" v1; done | kubectl apply -f - >/dev/null
+for i in $(seq 1 "$APPS"); do app "$i" v1; done | kubectl apply -f - >/dev/null
+# Greedy's Apps: NAMESPACE FIELD lines.
+greedy() { kubectl get apps -A -o jsonpath="{range .items[*]}{.metadata.namespace} $1{\"\\n\"}{end}" | awk '$1 ~ /^bench-greedy-/ {print $2}'; }
 healthy() { [ "$(kubectl -n "$1" get apps -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')" = "$2" ]; }
-until healthy bench-greedy "$APPS" && healthy bench-quiet 1; do sleep 1; done
+until [ "$(greedy '{.status.phase}' | grep -c '^Healthy$')" = "$APPS" ] && healthy bench-quiet 1; do sleep 1; done
 
 now() { date +%s.%N; }
 drift_rounds() { # prints one time per round, in seconds
@@ -97,12 +105,14 @@ echo ">> baseline: drift of tenant quiet corrected, nothing else going on"
 drift_rounds | tee "$WORK/baseline.txt" | summary
 
 echo ">> $APPS Apps of tenant greedy start analysing against a server that never answers"
-for i in $(seq 1 "$APPS"); do app "a$i" v2; done | kubectl apply -f - >/dev/null
+for i in $(seq 1 "$APPS"); do app "$i" v2; done | kubectl apply -f - >/dev/null
 # Every greedy App asks at least once before the rounds start.
-until [ "$(kubectl -n bench-greedy get apps -o jsonpath='{range .items[*]}{.status.canary.step}{"\n"}{end}' | grep -c .)" -ge "$APPS" ]; do sleep 1; done
+started=$(now)
+until [ "$(greedy '{.status.canary.step}' | grep -c .)" -ge "$APPS" ]; do sleep 1; done
+echo "   every greedy App had taken its first step after $(awk "BEGIN{printf \"%.0f\", $(now) - $started}")s"
 sleep 12
 waiting=$(curl -fs 127.0.0.1:9590/metrics | awk '/^flotilla_analysis_measurements_total/ {s+=$2} END{print s+0}')
 echo "   measurements taken so far: $waiting; connections held by the hanging server: $(ss -Htn state established "( sport = :$HANG_PORT )" | wc -l)"
 echo ">> drift of tenant quiet corrected while greedy's analysis hangs"
 drift_rounds | tee "$WORK/loaded.txt" | summary
-echo "   greedy Apps by phase: $(kubectl -n bench-greedy get apps -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | sort | uniq -c | xargs)"
+echo "   greedy Apps by phase: $(greedy '{.status.phase}' | sort | uniq -c | xargs)"

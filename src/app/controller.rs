@@ -85,6 +85,8 @@ pub struct ManagedStreams<D, H, S, C> {
     pub services: S,
     /// ConfigMap changes (metadata), mapped to the Apps that read them.
     pub config_maps: C,
+    /// Apps a namespace turn is free for (`namespace_turns`).
+    pub woken: futures::stream::BoxStream<'static, ObjectRef<Compact<App>>>,
 }
 
 /// The watch streams of one controller's managed objects.
@@ -139,7 +141,8 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let events = events.with_client(client.clone());
     let mut ctx = Context::new(client, events, metrics, caches, analyzer);
     ctx.slots = slots;
-    ctx.namespace_turns = crate::app::namespace_turns::NamespaceTurns::new(reconciles_per_namespace);
+    let (turns, woken) = crate::app::namespace_turns::NamespaceTurns::new(reconciles_per_namespace);
+    ctx.namespace_turns = turns;
     ctx.pod_policy = pod_policy;
     if let Some(s) = served_by {
         ctx.fence = Some(s.fence);
@@ -152,8 +155,28 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         hpas: hpa_events.boxed(),
         services: service_events.boxed(),
         config_maps: config_map_events.boxed(),
+        woken: woken_apps(woken, scope),
     };
     (ctx, streams)
+}
+
+/// The Apps a namespace turn is free for (`namespace_turns`), to reconcile again.
+fn woken_apps(
+    woken: tokio::sync::mpsc::UnboundedReceiver<String>,
+    scope: &Scope,
+) -> futures::stream::BoxStream<'static, ObjectRef<Compact<App>>> {
+    let namespace = match scope {
+        Scope::Namespace(ns) => Some(ns.clone()),
+        Scope::All => None,
+    };
+    // A controller of all namespaces has no namespace turns (`operator`: one namespace alone,
+    // or one controller per served namespace), so nothing is woken there.
+    futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|name| (name, woken)) })
+        .filter_map(move |name| {
+            let app = namespace.as_deref().map(|ns| ObjectRef::new(&name).within(ns));
+            futures::future::ready(app)
+        })
+        .boxed()
 }
 
 /// Whether any object of `api`'s kind labelled as Flotilla's exists (true also when that
@@ -237,9 +260,10 @@ fn apps_reading(apps: &Store<Compact<App>>, config_map: &ConfigMapKey) -> Vec<Ob
         .collect()
 }
 
-/// How a namespace's App controller runs: every reconcile that is due starts at once, and
-/// waits for one of its namespace's turns (`Shared::reconciles_per_namespace`, taken first
-/// come, first served: `namespace_turns`) before anything else.
+/// How a namespace's App controller runs: at most `per_namespace` of its reconciles work at
+/// once, in turns given in the order asked (`namespace_turns`); kube-runtime lets in
+/// `namespace_turns::QUICK_LANES` more, for the reconciles that find no turn and end at once
+/// (0: no bound).
 ///
 /// The replica's slots (`Shared::slots`) bound the reconciles that work; the namespace's turns
 /// bound, per served namespace, those working or waiting for the namespace's caches, a slot
@@ -247,19 +271,23 @@ fn apps_reading(apps: &Store<Compact<App>>, config_map: &ConfigMapKey) -> Vec<Ob
 /// - A tenant that creates thousands of Apps in one namespace queues only a few of them for
 ///   the slots at a time, among the other namespaces' reconciles, instead of all of them
 ///   ahead of every other tenant's.
-/// - A reconcile waits for at most the reconciles of its namespace that asked before it. The
-///   controller's own bound (kube-runtime's `concurrency`) is not used: the messages it holds
-///   back wait in a hash set, taken in its iteration order, and Apps that came due again and
-///   again kept an App late in that order waiting for good.
+/// - An App waits for the Apps of its namespace that asked before it, and no more: Apps that
+///   come due again and again (an analysis against a Prometheus that hangs) go behind it.
+/// - kube-runtime keeps a reconcile in flight as a spawned task, a tracing span and an entry
+///   of its runner's hash map, and that map keeps the room its largest burst needed for as
+///   long as the controller runs: about 600 bytes an entry, 9 KiB a namespace after each of
+///   10 Apps had one in flight (`bench/heap.sh`). Five hold 8 entries' room.
 ///
-/// What that costs: kube-runtime keeps each reconcile in flight as an entry of its runner's
-/// hash map (about 600 bytes with the small future that waits for the turn; the rest of the
-/// reconcile is boxed once the turn is taken), and that map keeps the room of its largest
-/// burst for as long as the controller runs: about 9 KiB a namespace after each of 10 Apps
-/// had one in flight (`bench/heap.sh`), where a bound of three kept 4 entries' room. The
-/// operator of a single namespace (`--namespace`) sets no bound.
-pub fn controller_config() -> kube::runtime::controller::Config {
-    kube::runtime::controller::Config::default()
+/// The Apps in line wait in kube-runtime's scheduler (about 130 bytes each) until woken. An
+/// App whose analysis waits for its Prometheus holds a turn meanwhile (at most
+/// `rollout::measure::TURN_WAIT` for an analysis turn, then the query timeout). The operator
+/// of a single namespace (`--namespace`) sets no bound.
+pub fn controller_config(per_namespace: u16) -> kube::runtime::controller::Config {
+    let in_flight = match per_namespace {
+        0 => 0,
+        turns => turns.saturating_add(crate::app::namespace_turns::QUICK_LANES),
+    };
+    kube::runtime::controller::Config::default().concurrency(in_flight)
 }
 
 /// The App controller of `apps`, triggered by their changes and by those of what they own
@@ -277,6 +305,7 @@ fn controller_of(
         .owns_stream(streams.hpas)
         .owns_stream(streams.services)
         .watches_stream(streams.config_maps, move |cm| apps_reading(&readers, &cm))
+        .reconcile_on(streams.woken)
 }
 
 /// Returns the future that runs the App controller until `shutdown`. `ready` turns true
@@ -299,8 +328,10 @@ pub fn app_controller(
         Scope::Namespace(ns) => ns.clone(),
     };
     let registration = shared.metrics.app_index().register(&namespace, apps.clone(), ready.clone());
+    let per_namespace = shared.reconciles_per_namespace;
     let (ctx, streams) = context(client, &scope, shared, served_by);
-    let controller = controller_of(app_events, apps, streams, controller_config()).graceful_shutdown_on(shutdown);
+    let controller =
+        controller_of(app_events, apps, streams, controller_config(per_namespace)).graceful_shutdown_on(shutdown);
     async move {
         // Dropped with this future: the namespace's Apps leave the per-App series.
         let _registration = registration;
@@ -357,11 +388,12 @@ mod tests {
     /// Runs the controller over `count` Apps of one namespace, as `reconcile` does (each takes
     /// a turn of `turns` first), until `until`; each reconcile works for `works` and asks to
     /// run again after `again`. Returns the most reconciles that worked at once and, per
-    /// App, the longest it waited between two reconciles (to its first one, or to `until`).
+    /// App, the longest it waited for a reconcile (its first, the next, or, when it asked to
+    /// run again, one that had not come by `until`).
     async fn run_namespace(
         count: usize,
         config: kube::runtime::controller::Config,
-        turns: crate::app::namespace_turns::NamespaceTurns,
+        per_namespace: u16,
         works: std::time::Duration,
         again: Option<std::time::Duration>,
         until: std::time::Duration,
@@ -379,7 +411,14 @@ mod tests {
         fn empty<T: Send + 'static>() -> futures::stream::BoxStream<'static, T> {
             futures::stream::empty().boxed()
         }
-        let streams = ManagedStreams { deployments: empty(), hpas: empty(), services: empty(), config_maps: empty() };
+        let (turns, woken) = crate::app::namespace_turns::NamespaceTurns::new(per_namespace);
+        let streams = ManagedStreams {
+            deployments: empty(),
+            hpas: empty(),
+            services: empty(),
+            config_maps: empty(),
+            woken: woken_apps(woken, &Scope::Namespace("team".into())),
+        };
         // A watch does not end: a controller whose triggers end stops.
         let events = futures::stream::iter(apps.into_iter().map(Ok)).chain(futures::stream::pending());
         struct Seen {
@@ -399,10 +438,17 @@ mod tests {
         let run = controller_of(events, reader, streams, config)
             .run(
                 move |app: Arc<Compact<App>>, seen: Arc<Seen>| async move {
-                    let _turn = seen.turns.take().await;
+                    use crate::app::namespace_turns::{LOOK_AGAIN, Taken};
+                    // As `reconcile` does.
+                    let _turn = match seen.turns.take(&kube::ResourceExt::name_any(app.as_ref())) {
+                        Taken::InLine => return Ok(kube::runtime::controller::Action::requeue(LOOK_AGAIN)),
+                        taken => taken,
+                    };
                     let now = seen.working.fetch_add(1, Ordering::SeqCst) + 1;
                     seen.most.fetch_max(now, Ordering::SeqCst);
-                    if let Some((last, longest)) = seen.waits.lock().expect("waits").get_mut(&kube::ResourceExt::name_any(app.as_ref())) {
+                    if let Some((last, longest)) =
+                        seen.waits.lock().expect("waits").get_mut(&kube::ResourceExt::name_any(app.as_ref()))
+                    {
                         *longest = (*longest).max(last.elapsed());
                         *last = Instant::now();
                     }
@@ -419,7 +465,11 @@ mod tests {
             .for_each(|_| futures::future::ready(()));
         let _ = tokio::time::timeout(until, run).await;
         let waits = seen.waits.lock().expect("waits");
-        let mut longest: Vec<_> = waits.values().map(|(last, longest)| (*longest).max(last.elapsed())).collect();
+        // The wait since the last reconcile counts when one was asked for after it.
+        let mut longest: Vec<_> = waits
+            .values()
+            .map(|(last, longest)| if again.is_some() { (*longest).max(last.elapsed()) } else { *longest })
+            .collect();
         longest.sort();
         (seen.most.load(Ordering::SeqCst), longest)
     }
@@ -428,12 +478,12 @@ mod tests {
     /// when every task waits), so that every reconcile let in starts before any ends.
     #[tokio::test(start_paused = true)]
     async fn a_namespace_has_at_most_its_share_of_reconciles_working() {
-        use crate::app::namespace_turns::NamespaceTurns;
         use std::time::Duration;
         let ms = Duration::from_millis;
-        let (most, _) = run_namespace(12, controller_config(), NamespaceTurns::new(3), ms(20), None, ms(1000)).await;
+        let (most, waits) = run_namespace(12, controller_config(3), 3, ms(20), None, ms(1000)).await;
         assert_eq!(most, 3);
-        let (most, _) = run_namespace(12, controller_config(), NamespaceTurns::new(0), ms(20), None, ms(1000)).await;
+        assert!(waits.iter().all(|w| *w <= ms(100)), "every App reconciled at once in turn: {waits:?}");
+        let (most, _) = run_namespace(12, controller_config(0), 0, ms(20), None, ms(1000)).await;
         assert_eq!(most, 12, "0: no bound");
     }
 
@@ -444,11 +494,9 @@ mod tests {
     /// set's order, and some waited the whole five minutes.
     #[tokio::test(start_paused = true)]
     async fn no_app_of_a_busy_namespace_waits_for_good() {
-        use crate::app::namespace_turns::NamespaceTurns;
         use std::time::Duration;
         let s = Duration::from_secs;
-        let (most, waits) =
-            run_namespace(10, controller_config(), NamespaceTurns::new(3), s(10), Some(s(1)), s(300)).await;
+        let (most, waits) = run_namespace(10, controller_config(3), 3, s(10), Some(s(1)), s(300)).await;
         assert_eq!(most, 3);
         let longest = *waits.last().expect("ten Apps");
         assert!(longest <= s(45), "an App waited {longest:?} between two reconciles: {waits:?}");

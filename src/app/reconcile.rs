@@ -25,6 +25,7 @@ use super::desired::{
 };
 use super::error::{ReconcileError, retry_delay};
 use super::first_deployment::{is_first_deployment, status_deferral};
+use super::namespace_turns::{self, Taken};
 use super::projection;
 use super::status::{Blocker, degraded};
 use super::{quota, route, service_routing};
@@ -69,9 +70,14 @@ pub async fn reconcile(obj: Arc<Compact<App>>, ctx: Arc<Context>) -> Result<Acti
     }
     span.record("namespace", namespace);
     span.record("app", obj.name_any());
-    // The namespace's turn first, in the order asked (`namespace_turns`). Until then this
-    // future is all a waiting reconcile holds: the rest is boxed once the turn is taken.
-    let _turn = ctx.namespace_turns.take().await;
+    // The namespace's turn first, in the order asked (`namespace_turns`): without one, the App
+    // is in line and is reconciled again when a turn is free for it. Nothing else is done,
+    // counted or reset meanwhile.
+    let _turn = match ctx.namespace_turns.take(&obj.name_any()) {
+        Taken::Turn(turn) => Some(turn),
+        Taken::Unbounded => None,
+        Taken::InLine => return Ok(Action::requeue(namespace_turns::LOOK_AGAIN)),
+    };
     Box::pin(reconcile_in_turn(obj, ctx)).await
 }
 
