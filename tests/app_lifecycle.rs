@@ -549,7 +549,7 @@ async fn a_settled_app_is_reconciled_100_times_without_a_write() {
         streaming_lists: false,
         reconciles_per_namespace: 0,
     };
-    let (ctx, streams) = flotilla::app::controller::context(client.clone(), &scope, shared, None);
+    let (ctx, streams) = flotilla::app::controller::context(client.clone(), &scope, shared, None, None);
     use futures::StreamExt;
     tokio::spawn(streams.deployments.for_each(|_| async {}));
     tokio::spawn(streams.hpas.for_each(|_| async {}));

@@ -99,7 +99,13 @@ pub type Streams = ManagedStreams<
 
 /// The controller's context and the watch streams that fill its caches. The streams must
 /// be polled (the controller does; a test can drain them) for the caches to fill.
-pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<ServedBy>) -> (Arc<Context>, Streams) {
+pub fn context(
+    client: Client,
+    scope: &Scope,
+    shared: Shared,
+    served_by: Option<ServedBy>,
+    apps: Option<Store<Compact<App>>>,
+) -> (Arc<Context>, Streams) {
     let Shared { events, metrics, analyzer, slots, pod_policy, streaming_lists, reconciles_per_namespace } = shared;
     let managed = || watcher::Config::default().labels(&names::managed_selector()).page_size(LIST_PAGE);
     // Deployments as projections: what the planner and the drift check read (`projection`).
@@ -141,7 +147,8 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
     let events = events.with_client(client.clone());
     let mut ctx = Context::new(client, events, metrics, caches, analyzer);
     ctx.slots = slots;
-    let (turns, woken) = crate::app::namespace_turns::NamespaceTurns::new(reconciles_per_namespace);
+    let (turns, woken) =
+        crate::app::namespace_turns::NamespaceTurns::new(reconciles_per_namespace, exists(apps, scope));
     ctx.namespace_turns = turns;
     ctx.pod_policy = pod_policy;
     if let Some(s) = served_by {
@@ -158,6 +165,19 @@ pub fn context(client: Client, scope: &Scope, shared: Shared, served_by: Option<
         woken: woken_apps(woken, scope),
     };
     (ctx, streams)
+}
+
+/// Whether an App of `scope` exists in `apps` by name (`namespace_turns`); without a cache,
+/// every App does.
+fn exists(apps: Option<Store<Compact<App>>>, scope: &Scope) -> crate::app::namespace_turns::Exists {
+    let namespace = match scope {
+        Scope::Namespace(ns) => ns.clone(),
+        Scope::All => String::new(),
+    };
+    match apps {
+        Some(apps) => Arc::new(move |name| apps.get(&ObjectRef::new(name).within(&namespace)).is_some()),
+        None => Arc::new(|_| true),
+    }
 }
 
 /// The Apps a namespace turn is free for (`namespace_turns`), to reconcile again.
@@ -329,7 +349,7 @@ pub fn app_controller(
     };
     let registration = shared.metrics.app_index().register(&namespace, apps.clone(), ready.clone());
     let per_namespace = shared.reconciles_per_namespace;
-    let (ctx, streams) = context(client, &scope, shared, served_by);
+    let (ctx, streams) = context(client, &scope, shared, served_by, Some(apps.clone()));
     let controller =
         controller_of(app_events, apps, streams, controller_config(per_namespace)).graceful_shutdown_on(shutdown);
     async move {
@@ -411,46 +431,48 @@ mod tests {
         fn empty<T: Send + 'static>() -> futures::stream::BoxStream<'static, T> {
             futures::stream::empty().boxed()
         }
-        let (turns, woken) = crate::app::namespace_turns::NamespaceTurns::new(per_namespace);
+        let scope = Scope::Namespace("team".into());
+        let (turns, woken) =
+            crate::app::namespace_turns::NamespaceTurns::new(per_namespace, exists(Some(reader.clone()), &scope));
         let streams = ManagedStreams {
             deployments: empty(),
             hpas: empty(),
             services: empty(),
             config_maps: empty(),
-            woken: woken_apps(woken, &Scope::Namespace("team".into())),
+            woken: woken_apps(woken, &scope),
         };
         // A watch does not end: a controller whose triggers end stops.
         let events = futures::stream::iter(apps.into_iter().map(Ok)).chain(futures::stream::pending());
         struct Seen {
             working: AtomicUsize,
             most: AtomicUsize,
-            /// Per App: when it last started working, and the longest wait so far.
-            waits: Mutex<HashMap<String, (Instant, std::time::Duration)>>,
+            /// Per App: when it last started working, the longest wait so far, and how often.
+            waits: Mutex<HashMap<String, (Instant, std::time::Duration, usize)>>,
             turns: crate::app::namespace_turns::NamespaceTurns,
         }
         let started = Instant::now();
         let seen = Arc::new(Seen {
             working: AtomicUsize::new(0),
             most: AtomicUsize::new(0),
-            waits: Mutex::new((0..count).map(|i| (format!("app-{i}"), (started, Default::default()))).collect()),
+            waits: Mutex::new((0..count).map(|i| (format!("app-{i}"), (started, Default::default(), 0))).collect()),
             turns,
         });
         let run = controller_of(events, reader, streams, config)
             .run(
                 move |app: Arc<Compact<App>>, seen: Arc<Seen>| async move {
-                    use crate::app::namespace_turns::{LOOK_AGAIN, Taken};
+                    use crate::app::namespace_turns::{Taken, look_again};
                     // As `reconcile` does.
-                    let _turn = match seen.turns.take(&kube::ResourceExt::name_any(app.as_ref())) {
-                        Taken::InLine => return Ok(kube::runtime::controller::Action::requeue(LOOK_AGAIN)),
+                    let name = kube::ResourceExt::name_any(app.as_ref());
+                    let _turn = match seen.turns.take(&name) {
+                        Taken::InLine => return Ok(kube::runtime::controller::Action::requeue(look_again(&name))),
                         taken => taken,
                     };
                     let now = seen.working.fetch_add(1, Ordering::SeqCst) + 1;
                     seen.most.fetch_max(now, Ordering::SeqCst);
-                    if let Some((last, longest)) =
-                        seen.waits.lock().expect("waits").get_mut(&kube::ResourceExt::name_any(app.as_ref()))
-                    {
+                    if let Some((last, longest, times)) = seen.waits.lock().expect("waits").get_mut(&name) {
                         *longest = (*longest).max(last.elapsed());
                         *last = Instant::now();
+                        *times += 1;
                     }
                     tokio::time::sleep(works).await;
                     seen.working.fetch_sub(1, Ordering::SeqCst);
@@ -465,10 +487,15 @@ mod tests {
             .for_each(|_| futures::future::ready(()));
         let _ = tokio::time::timeout(until, run).await;
         let waits = seen.waits.lock().expect("waits");
-        // The wait since the last reconcile counts when one was asked for after it.
+        // The wait since the last reconcile counts when one was asked for after it, or when
+        // none came at all.
         let mut longest: Vec<_> = waits
             .values()
-            .map(|(last, longest)| if again.is_some() { (*longest).max(last.elapsed()) } else { *longest })
+            .map(
+                |(last, longest, times)| {
+                    if again.is_some() || *times == 0 { (*longest).max(last.elapsed()) } else { *longest }
+                },
+            )
             .collect();
         longest.sort();
         (seen.most.load(Ordering::SeqCst), longest)

@@ -15,8 +15,11 @@
 //! a reconcile that finds no turn for it joins the namespace's line and ends at once, and
 //! the App first in line is reconciled again as soon as a turn is free for it (the wake
 //! stream, which the controller reconciles on). A free turn is kept for the Apps first in
-//! line: an App that comes later, or again, goes behind them. An App woken that does not
-//! come within `WOKEN_WAIT` (deleted meanwhile) leaves the line.
+//! line: an App that comes later, or again, goes behind them. An App deleted while in line
+//! leaves it when its turn would come (the namespace's Apps are looked up then), and the
+//! whole line is swept of deleted Apps each time it doubles, so it holds about the Apps
+//! that exist. An App woken that has not come within `WOKEN_WAIT` (its wake delayed) is
+//! woken again, keeping its place.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -29,29 +32,51 @@ use tokio::time::Instant;
 /// the line.
 pub const QUICK_LANES: u16 = 2;
 
-/// How long a turn is kept for an App woken for it.
+/// How long an App woken for a turn has to come before it is woken again.
 pub const WOKEN_WAIT: Duration = Duration::from_secs(5);
 
 /// When an App that joined the line is looked at again if it was never woken (the wake is the
-/// way it is meant to come back).
+/// way it is meant to come back), give or take `LOOK_AGAIN_SPREAD` so that the Apps that
+/// joined together do not all come back at once.
 pub const LOOK_AGAIN: Duration = Duration::from_secs(60);
+pub const LOOK_AGAIN_SPREAD: Duration = Duration::from_secs(10);
+
+/// `LOOK_AGAIN` for the App `name`, spread by its name.
+pub fn look_again(name: &str) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    let spread = LOOK_AGAIN_SPREAD.as_millis() as u64;
+    LOOK_AGAIN + Duration::from_millis(h.finish() % spread.max(1))
+}
+
+/// Whether an App of the namespace exists (in the controller's cache), by name.
+pub type Exists = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// A namespace's turns (none: no bound). Clones share them.
 #[derive(Clone, Debug, Default)]
 pub struct NamespaceTurns(Option<Arc<Inner>>);
 
-#[derive(Debug)]
 struct Inner {
     turns: usize,
     line: Mutex<Line>,
     /// The names of Apps a turn is free for.
     wake: mpsc::UnboundedSender<String>,
+    exists: Exists,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner").field("turns", &self.turns).field("line", &self.line).finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
 struct Line {
     held: usize,
     waiting: VecDeque<Waiter>,
+    /// The line's length after its last sweep of deleted Apps.
+    swept_at: usize,
 }
 
 #[derive(Debug)]
@@ -85,28 +110,40 @@ impl Drop for Turn {
 }
 
 impl Inner {
-    /// Drops from the line the Apps a turn was kept for that did not come.
-    fn prune(&self, line: &mut Line, now: Instant) {
-        loop {
-            let free = self.turns.saturating_sub(line.held);
-            let gone = line.waiting.iter().take(free).position(|w| w.woken.is_some_and(|t| now >= t + WOKEN_WAIT));
-            match gone {
-                Some(i) => {
-                    line.waiting.remove(i);
-                }
-                None => break,
+    /// Drops from the head of the line the Apps deleted since they joined, up to as many Apps
+    /// as there are free turns; wakes those that a turn is free for and were not woken (or
+    /// were, `WOKEN_WAIT` ago, and have not come).
+    fn wake_first(&self, line: &mut Line, now: Instant) {
+        self.drop_deleted_first(line);
+        let free = self.turns.saturating_sub(line.held);
+        for waiter in line.waiting.iter_mut().take(free) {
+            if waiter.woken.is_none_or(|t| now >= t + WOKEN_WAIT) {
+                waiter.woken = Some(now);
+                // Nobody listens once the controller stopped: nothing to wake then.
+                let _ = self.wake.send(waiter.name.clone());
             }
         }
     }
 
-    /// Wakes the Apps first in line that a turn is free for.
-    fn wake_first(&self, line: &mut Line, now: Instant) {
-        self.prune(line, now);
+    /// Drops the Apps deleted since they joined from the places a free turn is kept for.
+    fn drop_deleted_first(&self, line: &mut Line) {
         let free = self.turns.saturating_sub(line.held);
-        for waiter in line.waiting.iter_mut().take(free).filter(|w| w.woken.is_none()) {
-            waiter.woken = Some(now);
-            // Nobody listens once the controller stopped: nothing to wake then.
-            let _ = self.wake.send(waiter.name.clone());
+        let mut i = 0;
+        while i < free && i < line.waiting.len() {
+            if (self.exists)(&line.waiting[i].name) {
+                i += 1;
+            } else {
+                line.waiting.remove(i);
+            }
+        }
+    }
+
+    /// Drops every deleted App from the line once it has doubled since the last sweep: the
+    /// line holds about the Apps that exist, whatever a tenant creates and deletes.
+    fn sweep(&self, line: &mut Line) {
+        if line.waiting.len() >= 2 * line.swept_at.max(8) {
+            line.waiting.retain(|w| (self.exists)(&w.name));
+            line.swept_at = line.waiting.len();
         }
     }
 }
@@ -114,9 +151,9 @@ impl Inner {
 impl NamespaceTurns {
     /// `turns` turns (0: no bound), and the names of the Apps to reconcile again because a
     /// turn is free for them.
-    pub fn new(turns: u16) -> (Self, mpsc::UnboundedReceiver<String>) {
+    pub fn new(turns: u16, exists: Exists) -> (Self, mpsc::UnboundedReceiver<String>) {
         let (wake, woken) = mpsc::unbounded_channel();
-        let inner = (turns > 0).then(|| Arc::new(Inner { turns: turns.into(), line: Mutex::default(), wake }));
+        let inner = (turns > 0).then(|| Arc::new(Inner { turns: turns.into(), line: Mutex::default(), wake, exists }));
         (Self(inner), woken)
     }
 
@@ -128,7 +165,8 @@ impl NamespaceTurns {
         };
         let now = Instant::now();
         let mut line = inner.line.lock().unwrap_or_else(|p| p.into_inner());
-        inner.prune(&mut line, now);
+        // Turns kept for Apps deleted since go to the next in line.
+        inner.drop_deleted_first(&mut line);
         let free = inner.turns.saturating_sub(line.held);
         let at = line.waiting.iter().position(|w| w.name == name);
         let its_turn = match at {
@@ -140,13 +178,15 @@ impl NamespaceTurns {
                 line.waiting.remove(i);
             }
             line.held += 1;
-            // Turns freed for Apps that left the line go to the next ones.
+            // Turns kept for Apps deleted since go to the next ones.
             inner.wake_first(&mut line, now);
             return Taken::Turn(Turn(inner.clone()));
         }
         if at.is_none() {
             line.waiting.push_back(Waiter { name: name.to_string(), woken: None });
+            inner.sweep(&mut line);
         }
+        // Those a turn is kept for and who have not come are woken (again).
         inner.wake_first(&mut line, now);
         Taken::InLine
     }
@@ -155,6 +195,7 @@ impl NamespaceTurns {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
     fn turn(taken: Taken) -> Turn {
         match taken {
@@ -167,11 +208,28 @@ mod tests {
         matches!(taken, Taken::InLine)
     }
 
+    /// The namespace's Apps, which a test can delete.
+    fn apps() -> (Arc<Mutex<Option<HashSet<String>>>>, Exists) {
+        let deleted: Arc<Mutex<Option<HashSet<String>>>> = Arc::default();
+        let d = deleted.clone();
+        let exists: Exists =
+            Arc::new(move |name| !d.lock().expect("deleted").as_ref().is_some_and(|set| set.contains(name)));
+        (deleted, exists)
+    }
+
+    fn delete(deleted: &Mutex<Option<HashSet<String>>>, name: &str) {
+        deleted.lock().expect("deleted").get_or_insert_default().insert(name.to_string());
+    }
+
+    fn woken(rx: &mut mpsc::UnboundedReceiver<String>) -> Vec<String> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
     /// Turns go in the order asked: a free turn is kept for the first in line, who is woken;
     /// an App that asks later (or again) goes behind.
     #[tokio::test(start_paused = true)]
     async fn turns_go_in_the_order_they_were_asked_for() {
-        let (turns, mut woken) = NamespaceTurns::new(2);
+        let (turns, mut rx) = NamespaceTurns::new(2, apps().1);
         let a = turn(turns.take("a"));
         let b = turn(turns.take("b"));
         for name in ["c", "d", "e"] {
@@ -179,40 +237,73 @@ mod tests {
         }
         assert!(in_line(&turns.take("c")), "asking again keeps its place, no more");
         drop(a);
-        assert_eq!(woken.try_recv().ok().as_deref(), Some("c"), "the first in line is woken");
+        assert_eq!(woken(&mut rx), ["c"], "the first in line is woken");
         assert!(in_line(&turns.take("e")), "the free turn is kept for c");
         assert!(in_line(&turns.take("a")), "a goes behind those in line");
         let c = turn(turns.take("c"));
         drop(b);
-        assert_eq!(woken.try_recv().ok().as_deref(), Some("d"));
+        assert_eq!(woken(&mut rx), ["d"]);
         let d = turn(turns.take("d"));
         drop((c, d));
-        let woke: Vec<_> = std::iter::from_fn(|| woken.try_recv().ok()).collect();
-        assert_eq!(woke, ["e", "a"]);
+        assert_eq!(woken(&mut rx), ["e", "a"]);
         let (_e, _a) = (turn(turns.take("e")), turn(turns.take("a")));
         assert!(in_line(&turns.take("f")));
+        assert!(woken(&mut rx).is_empty(), "nobody woken twice, nor for its own turn");
     }
 
-    /// A turn kept for an App woken that does not come (deleted meanwhile) goes to the next
-    /// in line after `WOKEN_WAIT`.
+    /// An App deleted while in line does not keep a turn: the next in line is woken instead.
     #[tokio::test(start_paused = true)]
-    async fn a_woken_app_that_does_not_come_leaves_the_line() {
-        let (turns, mut woken) = NamespaceTurns::new(1);
+    async fn a_deleted_app_leaves_the_line() {
+        let (deleted, exists) = apps();
+        let (turns, mut rx) = NamespaceTurns::new(1, exists);
         let a = turn(turns.take("a"));
         assert!(in_line(&turns.take("gone")));
         assert!(in_line(&turns.take("b")));
+        delete(&deleted, "gone");
         drop(a);
-        assert_eq!(woken.try_recv().ok().as_deref(), Some("gone"));
-        assert!(in_line(&turns.take("b")), "kept for the one woken");
-        tokio::time::advance(WOKEN_WAIT).await;
+        assert_eq!(woken(&mut rx), ["b"]);
         let _b = turn(turns.take("b"));
-        assert!(woken.try_recv().is_err(), "b came by itself");
-        assert!(in_line(&turns.take("gone")), "back in line, at its end");
+    }
+
+    /// An App woken that has not come after `WOKEN_WAIT` (its wake delayed) is woken again
+    /// and keeps its place.
+    #[tokio::test(start_paused = true)]
+    async fn a_woken_app_that_has_not_come_is_woken_again() {
+        let (turns, mut rx) = NamespaceTurns::new(1, apps().1);
+        let a = turn(turns.take("a"));
+        assert!(in_line(&turns.take("late")));
+        assert!(in_line(&turns.take("b")));
+        drop(a);
+        assert_eq!(woken(&mut rx), ["late"]);
+        assert!(in_line(&turns.take("b")), "the turn is kept for late");
+        assert!(woken(&mut rx).is_empty());
+        tokio::time::advance(WOKEN_WAIT).await;
+        assert!(in_line(&turns.take("b")), "still kept for late");
+        assert_eq!(woken(&mut rx), ["late"], "woken again");
+        let _late = turn(turns.take("late"));
+    }
+
+    /// Apps created and deleted while every turn is held leave the line each time it doubles:
+    /// it holds about the Apps that exist.
+    #[tokio::test(start_paused = true)]
+    async fn the_line_is_swept_of_deleted_apps() {
+        let (deleted, exists) = apps();
+        let (turns, _rx) = NamespaceTurns::new(1, exists);
+        let _held = turn(turns.take("busy"));
+        for i in 0..1000 {
+            let name = format!("churn-{i}");
+            assert!(in_line(&turns.take(&name)));
+            delete(&deleted, &name);
+        }
+        assert!(in_line(&turns.take("real")));
+        let Some(inner) = &turns.0 else { panic!("bounded") };
+        let length = inner.line.lock().expect("line").waiting.len();
+        assert!(length <= 16, "{length} in line, one of them real");
     }
 
     #[tokio::test]
     async fn no_bound() {
-        let (turns, _) = NamespaceTurns::new(0);
+        let (turns, _) = NamespaceTurns::new(0, apps().1);
         assert!(matches!(turns.take("a"), Taken::Unbounded));
     }
 }

@@ -73,10 +73,11 @@ pub async fn reconcile(obj: Arc<Compact<App>>, ctx: Arc<Context>) -> Result<Acti
     // The namespace's turn first, in the order asked (`namespace_turns`): without one, the App
     // is in line and is reconciled again when a turn is free for it. Nothing else is done,
     // counted or reset meanwhile.
-    let _turn = match ctx.namespace_turns.take(&obj.name_any()) {
+    let name = obj.name_any();
+    let _turn = match ctx.namespace_turns.take(&name) {
         Taken::Turn(turn) => Some(turn),
         Taken::Unbounded => None,
-        Taken::InLine => return Ok(Action::requeue(namespace_turns::LOOK_AGAIN)),
+        Taken::InLine => return Ok(Action::requeue(namespace_turns::look_again(&name))),
     };
     Box::pin(reconcile_in_turn(obj, ctx)).await
 }
@@ -1218,7 +1219,7 @@ mod tests {
             reconciles_per_namespace: 0,
         };
         // Its watch streams are never polled: its caches never list.
-        let (ctx, _streams) = context(client, &Scope::Namespace("shop".into()), shared, None);
+        let (ctx, _streams) = context(client, &Scope::Namespace("shop".into()), shared, None, None);
         let app: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
             "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "resourceVersion": "1", "generation": 1},
@@ -1285,6 +1286,11 @@ mod tests {
     #[test]
     fn a_reconcile_waiting_for_its_slot_is_small() {
         let size = future_size(reconcile);
+        assert!(
+            size <= 1024,
+            "a reconcile waiting for its turn takes {size} bytes: its body must be boxed, not inlined"
+        );
+        let size = future_size(reconcile_in_turn);
         assert!(size <= 1024, "a waiting reconcile takes {size} bytes: its body must be boxed, not inlined");
     }
 
