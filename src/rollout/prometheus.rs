@@ -170,11 +170,12 @@ impl PrometheusClient {
         let timed_out = |message: String| Asked { outcome: QueryOutcome::Inconclusive(message), timed_out: true };
         let mut response = match self.http.get(&url).query(params).send().await {
             Ok(r) => r,
-            // A connection that is never accepted (a full backlog, dropped packets) ends at the
-            // connect timeout, before the query's.
+            // A connection that is never made (a name that does not resolve in time, a full
+            // backlog, dropped packets, a TLS handshake that stalls) ends at the connect
+            // timeout, before the query's.
             Err(e) if e.is_timeout() && e.is_connect() => {
                 return Err(timed_out(format!(
-                    "Prometheus at {shown} did not accept a connection within {:?}",
+                    "could not connect to Prometheus at {shown} within {:?} (name lookup, TCP or TLS)",
                     self.connect_timeout
                 )));
             }
@@ -568,8 +569,9 @@ pub(crate) mod tests {
     }
 
     /// A query ends when time runs out, and says where: a connection never accepted ends at
-    /// the connect timeout, an answer that never comes at the query timeout. Both count as
-    /// timed out (what rests a dedicated endpoint); an answer, even a bad one, does not.
+    /// the connect timeout, an answer that never comes (or never finishes) at the query
+    /// timeout. All count as timed out (what rests a dedicated endpoint); an answer, even a
+    /// bad one, does not.
     #[tokio::test]
     async fn timeouts_say_where_time_ran_out() {
         let ms = std::time::Duration::from_millis;
@@ -579,7 +581,7 @@ pub(crate) mod tests {
         let asked = client.ask(&url, "up").await;
         assert!(asked.timed_out, "{asked:?}");
         assert!(
-            matches!(&asked.outcome, QueryOutcome::Inconclusive(m) if m.contains("did not accept a connection within 300ms")),
+            matches!(&asked.outcome, QueryOutcome::Inconclusive(m) if m.contains("could not connect to Prometheus at") && m.contains("within 300ms")),
             "{asked:?}"
         );
         assert!(started.elapsed() < ms(1000), "it ended at the connect timeout: {:?}", started.elapsed());
@@ -590,6 +592,27 @@ pub(crate) mod tests {
         assert!(asked.timed_out, "{asked:?}");
         assert!(
             matches!(&asked.outcome, QueryOutcome::Inconclusive(m) if m.contains("did not answer within 300ms")),
+            "{asked:?}"
+        );
+
+        // Headers at once, then a body that never ends: time runs out while reading.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut open = Vec::new();
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let _ = stream.read(&mut [0u8; 8192]).await;
+                let head =
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n";
+                let _ = stream.write_all(head.as_bytes()).await;
+                open.push(stream);
+            }
+        });
+        let asked = client.ask(&url, "up").await;
+        assert!(asked.timed_out, "{asked:?}");
+        assert!(
+            matches!(&asked.outcome, QueryOutcome::Inconclusive(m) if m.contains("did not finish its answer within 300ms")),
             "{asked:?}"
         );
 
