@@ -7,8 +7,8 @@
 //! holding its reconcile up to 30 s) took every free place ahead of an App placed late in
 //! that order, whose change then waited for good (`bench/analysis_isolation.sh` saw 30 of
 //! 200 Apps unreconciled after 7 minutes). Waiting in a fair queue instead, with every
-//! reconcile in flight, cost a replica 5 MiB at a third of 10,000 Apps
-//! (`bench/replica_memory.sh 333 3333`: 60 MiB at rest against 55).
+//! reconcile in flight, kept a replica at 60 MiB at a third of 10,000 Apps against 55
+//! (`bench/replica_memory.sh 333 3333`); this line keeps 59 (not profiled yet).
 //!
 //! So the turns are given here, in order, and nobody waits in flight: kube-runtime lets in
 //! `QUICK_LANES` more reconciles than there are turns (`app::controller::controller_config`),
