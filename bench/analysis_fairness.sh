@@ -26,13 +26,7 @@ CLUSTER=flotilla-bench-fairness
 WORK=$(mktemp -d)
 . bench/one_replica.sh
 one_replica_cluster
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+one_replica_background
 
 # A server that accepts every connection and never answers.
 HANG_PORT=$(one_replica_free_port)
@@ -60,10 +54,7 @@ PIDS+=($!)
 HANG=http://127.0.0.1:$HANG_PORT
 FAST=http://127.0.0.1:$FAST_PORT
 
-"$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9591 --webhook-addr 127.0.0.1:0 \
-  --replica-id bench-0 >"$WORK/operator.log" 2>&1 &
-PIDS+=($!)
-until curl -fs 127.0.0.1:9591/readyz >/dev/null 2>&1; do sleep 0.2; done
+one_replica_run 9591
 
 {
   for t in $(seq 1 "$TENANTS"); do

@@ -25,23 +25,14 @@ CLUSTER=flotilla-bench-analysis
 WORK=$(mktemp -d)
 . bench/one_replica.sh
 one_replica_cluster
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+one_replica_background
 
 HANG_PORT=$(one_replica_free_port)
 one_replica_hanging_server "$HANG_PORT" >"$WORK/hang.log" 2>&1 &
 PIDS+=($!)
 HANG=http://127.0.0.1:$HANG_PORT
 
-"$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr 127.0.0.1:9590 --webhook-addr 127.0.0.1:0 \
-  --replica-id bench-0 >"$WORK/operator.log" 2>&1 &
-PIDS+=($!)
-until curl -fs 127.0.0.1:9590/readyz >/dev/null 2>&1; do sleep 0.2; done
+one_replica_run 9590
 
 GREEDY_NS=$(( (APPS + 9) / 10 ))
 greedy_namespaces=$(seq -f "bench-greedy-%03g" 0 $((GREEDY_NS - 1)) | paste -sd, -)

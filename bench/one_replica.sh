@@ -59,6 +59,24 @@ one_replica_wait_healthy() {
   until [ "$(kubectl get apps -A -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Healthy$')" -ge "$APPS" ]; do sleep 2; done
 }
 
+# For the benches that run their replica and servers in the background: PIDS collects them,
+# and on exit they are stopped, the cluster brought down and WORK removed.
+one_replica_background() {
+  PIDS=()
+  trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+        bash hack/cluster.sh down "$CLUSTER" >/dev/null 2>&1 || true
+        rm -rf "$WORK"' EXIT
+}
+
+# Runs the replica in the background (its log in $WORK/operator.log, its PID in PIDS) with its
+# admin address on PORT, and waits until it is ready.
+one_replica_run() {
+  "$BIN" run --kubeconfig "$WORK/op.kubeconfig" --admin-addr "127.0.0.1:$1" --webhook-addr 127.0.0.1:0 \
+    --replica-id bench-0 >"$WORK/operator.log" 2>&1 &
+  PIDS+=($!)
+  until curl -fs "127.0.0.1:$1/readyz" >/dev/null 2>&1; do sleep 0.2; done
+}
+
 # A free TCP port on 127.0.0.1.
 one_replica_free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

@@ -111,10 +111,15 @@ impl Drop for Turn {
 
 impl Inner {
     /// Drops from the head of the line the Apps deleted since they joined, up to as many Apps
-    /// as there are free turns; wakes those that a turn is free for and were not woken (or
-    /// were, `WOKEN_WAIT` ago, and have not come).
+    /// as there are free turns, and wakes those a turn is kept for (`wake_kept`).
     fn wake_first(&self, line: &mut Line, now: Instant) {
         self.drop_deleted_first(line);
+        self.wake_kept(line, now);
+    }
+
+    /// Wakes the Apps a free turn is kept for that were not woken (or were, `WOKEN_WAIT`
+    /// ago, and have not come).
+    fn wake_kept(&self, line: &mut Line, now: Instant) {
         let free = self.turns.saturating_sub(line.held);
         for waiter in line.waiting.iter_mut().take(free) {
             if waiter.woken.is_none_or(|t| now >= t + WOKEN_WAIT) {
@@ -178,8 +183,7 @@ impl NamespaceTurns {
                 line.waiting.remove(i);
             }
             line.held += 1;
-            // Turns kept for Apps deleted since go to the next ones.
-            inner.wake_first(&mut line, now);
+            inner.wake_kept(&mut line, now);
             return Taken::Turn(Turn(inner.clone()));
         }
         if at.is_none() {
@@ -187,7 +191,7 @@ impl NamespaceTurns {
             inner.sweep(&mut line);
         }
         // Those a turn is kept for and who have not come are woken (again).
-        inner.wake_first(&mut line, now);
+        inner.wake_kept(&mut line, now);
         Taken::InLine
     }
 }
