@@ -147,8 +147,8 @@ pub fn context(
     let events = events.with_client(client.clone());
     let mut ctx = Context::new(client, events, metrics, caches, analyzer);
     ctx.slots = slots;
-    let (turns, woken) =
-        crate::app::namespace_turns::NamespaceTurns::new(reconciles_per_namespace, exists(apps, scope));
+    let turns = crate::app::namespace_turns::NamespaceTurns::new(reconciles_per_namespace, exists(apps, scope));
+    let woken = woken_apps(turns.woken(), scope);
     ctx.namespace_turns = turns;
     ctx.pod_policy = pod_policy;
     if let Some(s) = served_by {
@@ -162,7 +162,7 @@ pub fn context(
         hpas: hpa_events.boxed(),
         services: service_events.boxed(),
         config_maps: config_map_events.boxed(),
-        woken: woken_apps(woken, scope),
+        woken,
     };
     (ctx, streams)
 }
@@ -182,7 +182,7 @@ fn exists(apps: Option<Store<Compact<App>>>, scope: &Scope) -> crate::app::names
 
 /// The Apps a namespace turn is free for (`namespace_turns`), to reconcile again.
 fn woken_apps(
-    woken: tokio::sync::mpsc::UnboundedReceiver<String>,
+    woken: futures::stream::BoxStream<'static, String>,
     scope: &Scope,
 ) -> futures::stream::BoxStream<'static, ObjectRef<Compact<App>>> {
     let namespace = match scope {
@@ -191,7 +191,7 @@ fn woken_apps(
     };
     // A controller of all namespaces has no namespace turns (`operator`: one namespace alone,
     // or one controller per served namespace), so nothing is woken there.
-    futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|name| (name, woken)) })
+    woken
         .filter_map(move |name| {
             let app = namespace.as_deref().map(|ns| ObjectRef::new(&name).within(ns));
             futures::future::ready(app)
@@ -298,8 +298,9 @@ fn apps_reading(apps: &Store<Compact<App>>, config_map: &ConfigMapKey) -> Vec<Ob
 ///   long as the controller runs: about 600 bytes an entry, 9 KiB a namespace after each of
 ///   10 Apps had one in flight (`bench/heap.sh`). Five hold 8 entries' room.
 ///
-/// The Apps in line wait in kube-runtime's scheduler (about 130 bytes each) until woken. An
-/// App whose analysis waits for its Prometheus holds a turn meanwhile (at most
+/// The Apps in line wait as names in the line (`namespace_turns`), asking kube-runtime for
+/// nothing until woken: each scheduled retry costs about 130 bytes of its scheduler's map and
+/// delay queue, and those keep the room of their largest burst. An App whose analysis waits for its Prometheus holds a turn meanwhile (at most
 /// `rollout::measure::TURN_WAIT` for an analysis turn, then the query timeout). The operator
 /// of a single namespace (`--namespace`) sets no bound.
 pub fn controller_config(per_namespace: u16) -> kube::runtime::controller::Config {
@@ -432,8 +433,9 @@ mod tests {
             futures::stream::empty().boxed()
         }
         let scope = Scope::Namespace("team".into());
-        let (turns, woken) =
+        let turns =
             crate::app::namespace_turns::NamespaceTurns::new(per_namespace, exists(Some(reader.clone()), &scope));
+        let woken = turns.woken();
         let streams = ManagedStreams {
             deployments: empty(),
             hpas: empty(),
@@ -460,11 +462,11 @@ mod tests {
         let run = controller_of(events, reader, streams, config)
             .run(
                 move |app: Arc<Compact<App>>, seen: Arc<Seen>| async move {
-                    use crate::app::namespace_turns::{Taken, look_again};
+                    use crate::app::namespace_turns::Taken;
                     // As `reconcile` does.
                     let name = kube::ResourceExt::name_any(app.as_ref());
                     let _turn = match seen.turns.take(&name) {
-                        Taken::InLine => return Ok(kube::runtime::controller::Action::requeue(look_again(&name))),
+                        Taken::InLine => return Ok(kube::runtime::controller::Action::await_change()),
                         taken => taken,
                     };
                     let now = seen.working.fetch_add(1, Ordering::SeqCst) + 1;

@@ -8,23 +8,31 @@
 //! that order, whose change then waited for good (`bench/analysis_isolation.sh` saw 30 of
 //! 200 Apps unreconciled after 7 minutes). Waiting in a fair queue instead, with every
 //! reconcile in flight, kept a replica at 60 MiB at a third of 10,000 Apps against 55
-//! (`bench/replica_memory.sh 333 3333`); this line keeps 59 (not profiled yet).
+//! (`bench/replica_memory.sh 333 3333`); this line keeps 57 (59 while an App in line asked
+//! kube-runtime to retry it and was woken through a channel).
 //!
 //! So the turns are given here, in order, and nobody waits in flight: kube-runtime lets in
 //! `QUICK_LANES` more reconciles than there are turns (`app::controller::controller_config`),
-//! a reconcile that finds no turn for it joins the namespace's line and ends at once, and
-//! the App first in line is reconciled again as soon as a turn is free for it (the wake
-//! stream, which the controller reconciles on). A free turn is kept for the Apps first in
-//! line: an App that comes later, or again, goes behind them. An App deleted while in line
-//! leaves it when its turn would come (the namespace's Apps are looked up then), and the
-//! whole line is swept of deleted Apps each time it doubles, so it holds about the Apps
-//! that exist. An App woken that has not come within `WOKEN_WAIT` (its wake delayed) is
-//! woken again, keeping its place.
+//! a reconcile that finds no turn for it joins the namespace's line and ends at once, asking
+//! kube-runtime for nothing more, and the App first in line is reconciled again as soon as a
+//! turn is free for it (`NamespaceTurns::woken`, a stream the controller reconciles on). A
+//! free turn is kept for the Apps first in line: an App that comes later, or again, goes
+//! behind them. An App deleted while in line leaves it when its turn would come (the
+//! namespace's Apps are looked up then), and the whole line is swept of deleted Apps each
+//! time it doubles, so it holds about the Apps that exist. An App woken that has not come
+//! within `WOKEN_WAIT` is woken again, keeping its place.
+//!
+//! What an App in line costs is its place (a name), and nothing in kube-runtime: no
+//! scheduled retry (their map and delay queue keep the room of their largest burst for as
+//! long as the controller runs), no channel. The wakes are made by the stream when it is
+//! polled, from the line itself.
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Places kube-runtime lets in beyond the turns, for reconciles that find no turn and end at
@@ -34,21 +42,6 @@ pub const QUICK_LANES: u16 = 2;
 
 /// How long an App woken for a turn has to come before it is woken again.
 pub const WOKEN_WAIT: Duration = Duration::from_secs(5);
-
-/// When an App that joined the line is looked at again if it was never woken (the wake is the
-/// way it is meant to come back), give or take `LOOK_AGAIN_SPREAD` so that the Apps that
-/// joined together do not all come back at once.
-pub const LOOK_AGAIN: Duration = Duration::from_secs(60);
-pub const LOOK_AGAIN_SPREAD: Duration = Duration::from_secs(10);
-
-/// `LOOK_AGAIN` for the App `name`, spread by its name.
-pub fn look_again(name: &str) -> Duration {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut h);
-    let spread = LOOK_AGAIN_SPREAD.as_millis() as u64;
-    LOOK_AGAIN + Duration::from_millis(h.finish() % spread.max(1))
-}
 
 /// Whether an App of the namespace exists (in the controller's cache), by name.
 pub type Exists = Arc<dyn Fn(&str) -> bool + Send + Sync>;
@@ -60,8 +53,8 @@ pub struct NamespaceTurns(Option<Arc<Inner>>);
 struct Inner {
     turns: usize,
     line: Mutex<Line>,
-    /// The names of Apps a turn is free for.
-    wake: mpsc::UnboundedSender<String>,
+    /// Told when an App in line may have a turn free for it (`NamespaceTurns::woken`).
+    changed: Notify,
     exists: Exists,
 }
 
@@ -93,7 +86,8 @@ pub enum Taken {
     Unbounded,
     /// A turn, held until dropped.
     Turn(Turn),
-    /// In line: end now, the App is reconciled again when a turn is free for it.
+    /// In line: end now, asking for nothing; the App is reconciled again when a turn is free
+    /// for it.
     InLine,
 }
 
@@ -105,29 +99,47 @@ impl Drop for Turn {
     fn drop(&mut self) {
         let mut line = self.0.line.lock().unwrap_or_else(|p| p.into_inner());
         line.held = line.held.saturating_sub(1);
-        self.0.wake_first(&mut line, Instant::now());
+        self.0.tell_if_kept(&line);
     }
 }
 
+/// Who to wake now, if anyone, and else when to look again.
+#[derive(Debug, PartialEq)]
+enum Wake {
+    Now(String),
+    /// A woken App that has not come is to be woken again then.
+    At(Instant),
+    Nobody,
+}
+
 impl Inner {
-    /// Drops from the head of the line the Apps deleted since they joined, up to as many Apps
-    /// as there are free turns, and wakes those a turn is kept for (`wake_kept`).
-    fn wake_first(&self, line: &mut Line, now: Instant) {
-        self.drop_deleted_first(line);
-        self.wake_kept(line, now);
+    /// Tells the wake stream when a free turn is kept for some App in line.
+    fn tell_if_kept(&self, line: &Line) {
+        if line.held < self.turns && !line.waiting.is_empty() {
+            self.changed.notify_one();
+        }
     }
 
-    /// Wakes the Apps a free turn is kept for that were not woken (or were, `WOKEN_WAIT`
-    /// ago, and have not come).
-    fn wake_kept(&self, line: &mut Line, now: Instant) {
+    /// The next App a free turn is kept for to wake (one not woken yet, or woken
+    /// `WOKEN_WAIT` ago and not come), marked woken; the Apps deleted since they joined leave
+    /// the places a free turn is kept for first.
+    fn next_wake(&self, now: Instant) -> Wake {
+        let mut line = self.line.lock().unwrap_or_else(|p| p.into_inner());
+        self.drop_deleted_first(&mut line);
         let free = self.turns.saturating_sub(line.held);
+        let mut again: Option<Instant> = None;
         for waiter in line.waiting.iter_mut().take(free) {
-            if waiter.woken.is_none_or(|t| now >= t + WOKEN_WAIT) {
-                waiter.woken = Some(now);
-                // Nobody listens once the controller stopped: nothing to wake then.
-                let _ = self.wake.send(waiter.name.clone());
+            match waiter.woken {
+                Some(t) if now < t + WOKEN_WAIT => {
+                    again = Some(again.map_or(t + WOKEN_WAIT, |a| a.min(t + WOKEN_WAIT)))
+                }
+                _ => {
+                    waiter.woken = Some(now);
+                    return Wake::Now(waiter.name.clone());
+                }
             }
         }
+        again.map_or(Wake::Nobody, Wake::At)
     }
 
     /// Drops the Apps deleted since they joined from the places a free turn is kept for.
@@ -154,12 +166,13 @@ impl Inner {
 }
 
 impl NamespaceTurns {
-    /// `turns` turns (0: no bound), and the names of the Apps to reconcile again because a
-    /// turn is free for them.
-    pub fn new(turns: u16, exists: Exists) -> (Self, mpsc::UnboundedReceiver<String>) {
-        let (wake, woken) = mpsc::unbounded_channel();
-        let inner = (turns > 0).then(|| Arc::new(Inner { turns: turns.into(), line: Mutex::default(), wake, exists }));
-        (Self(inner), woken)
+    /// `turns` turns (0: no bound).
+    pub fn new(turns: u16, exists: Exists) -> Self {
+        Self(
+            (turns > 0).then(|| {
+                Arc::new(Inner { turns: turns.into(), line: Mutex::default(), changed: Notify::new(), exists })
+            }),
+        )
     }
 
     /// A turn for the App `name` if one is free for it: none is while Apps that asked before
@@ -168,7 +181,6 @@ impl NamespaceTurns {
         let Some(inner) = &self.0 else {
             return Taken::Unbounded;
         };
-        let now = Instant::now();
         let mut line = inner.line.lock().unwrap_or_else(|p| p.into_inner());
         // Turns kept for Apps deleted since go to the next in line.
         inner.drop_deleted_first(&mut line);
@@ -183,22 +195,48 @@ impl NamespaceTurns {
                 line.waiting.remove(i);
             }
             line.held += 1;
-            inner.wake_kept(&mut line, now);
+            inner.tell_if_kept(&line);
             return Taken::Turn(Turn(inner.clone()));
         }
         if at.is_none() {
             line.waiting.push_back(Waiter { name: name.to_string(), woken: None });
             inner.sweep(&mut line);
         }
-        // Those a turn is kept for and who have not come are woken (again).
-        inner.wake_kept(&mut line, now);
+        inner.tell_if_kept(&line);
         Taken::InLine
+    }
+
+    /// The names of the Apps a turn is free for, each as its turn comes (and again every
+    /// `WOKEN_WAIT` until it comes), for the controller to reconcile them. Made from the line
+    /// while polled; never ends. Nothing without a bound.
+    pub fn woken(&self) -> BoxStream<'static, String> {
+        let Some(inner) = self.0.clone() else {
+            return futures::stream::pending().boxed();
+        };
+        futures::stream::unfold(inner, |inner| async move {
+            loop {
+                // A change told while nobody waits is kept for the next wait (`notify_one`
+                // leaves a permit): none is missed between the look and the wait.
+                match inner.next_wake(Instant::now()) {
+                    Wake::Now(name) => return Some((name, inner)),
+                    Wake::At(at) => {
+                        tokio::select! {
+                            _ = inner.changed.notified() => {}
+                            _ = tokio::time::sleep_until(at) => {}
+                        }
+                    }
+                    Wake::Nobody => inner.changed.notified().await,
+                }
+            }
+        })
+        .boxed()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
     use std::collections::HashSet;
 
     fn turn(taken: Taken) -> Turn {
@@ -225,66 +263,75 @@ mod tests {
         deleted.lock().expect("deleted").get_or_insert_default().insert(name.to_string());
     }
 
-    fn woken(rx: &mut mpsc::UnboundedReceiver<String>) -> Vec<String> {
-        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    /// The Apps the wake stream gives now, without waiting.
+    fn woken(stream: &mut BoxStream<'static, String>) -> Vec<String> {
+        std::iter::from_fn(|| stream.next().now_or_never().flatten()).collect()
     }
 
     /// Turns go in the order asked: a free turn is kept for the first in line, who is woken;
     /// an App that asks later (or again) goes behind.
     #[tokio::test(start_paused = true)]
     async fn turns_go_in_the_order_they_were_asked_for() {
-        let (turns, mut rx) = NamespaceTurns::new(2, apps().1);
+        let turns = NamespaceTurns::new(2, apps().1);
+        let mut wakes = turns.woken();
         let a = turn(turns.take("a"));
         let b = turn(turns.take("b"));
         for name in ["c", "d", "e"] {
             assert!(in_line(&turns.take(name)), "{name}");
         }
         assert!(in_line(&turns.take("c")), "asking again keeps its place, no more");
+        assert!(woken(&mut wakes).is_empty(), "no turn is free");
         drop(a);
-        assert_eq!(woken(&mut rx), ["c"], "the first in line is woken");
+        assert_eq!(woken(&mut wakes), ["c"], "the first in line is woken");
         assert!(in_line(&turns.take("e")), "the free turn is kept for c");
         assert!(in_line(&turns.take("a")), "a goes behind those in line");
         let c = turn(turns.take("c"));
         drop(b);
-        assert_eq!(woken(&mut rx), ["d"]);
+        assert_eq!(woken(&mut wakes), ["d"]);
         let d = turn(turns.take("d"));
         drop((c, d));
-        assert_eq!(woken(&mut rx), ["e", "a"]);
+        assert_eq!(woken(&mut wakes), ["e", "a"]);
         let (_e, _a) = (turn(turns.take("e")), turn(turns.take("a")));
         assert!(in_line(&turns.take("f")));
-        assert!(woken(&mut rx).is_empty(), "nobody woken twice, nor for its own turn");
+        assert!(woken(&mut wakes).is_empty(), "nobody woken twice, nor for its own turn");
     }
 
     /// An App deleted while in line does not keep a turn: the next in line is woken instead.
     #[tokio::test(start_paused = true)]
     async fn a_deleted_app_leaves_the_line() {
         let (deleted, exists) = apps();
-        let (turns, mut rx) = NamespaceTurns::new(1, exists);
+        let turns = NamespaceTurns::new(1, exists);
+        let mut wakes = turns.woken();
         let a = turn(turns.take("a"));
         assert!(in_line(&turns.take("gone")));
         assert!(in_line(&turns.take("b")));
         delete(&deleted, "gone");
         drop(a);
-        assert_eq!(woken(&mut rx), ["b"]);
+        assert_eq!(woken(&mut wakes), ["b"]);
         let _b = turn(turns.take("b"));
     }
 
-    /// An App woken that has not come after `WOKEN_WAIT` (its wake delayed) is woken again
-    /// and keeps its place.
+    /// An App woken that has not come after `WOKEN_WAIT` is woken again and keeps its place,
+    /// though nothing else happens in the namespace: an App in line asks kube-runtime for no
+    /// retry of its own, so this is what makes sure it comes.
     #[tokio::test(start_paused = true)]
     async fn a_woken_app_that_has_not_come_is_woken_again() {
-        let (turns, mut rx) = NamespaceTurns::new(1, apps().1);
+        let turns = NamespaceTurns::new(1, apps().1);
+        let mut wakes = turns.woken();
         let a = turn(turns.take("a"));
         assert!(in_line(&turns.take("late")));
         assert!(in_line(&turns.take("b")));
         drop(a);
-        assert_eq!(woken(&mut rx), ["late"]);
+        assert_eq!(woken(&mut wakes), ["late"]);
         assert!(in_line(&turns.take("b")), "the turn is kept for late");
-        assert!(woken(&mut rx).is_empty());
-        tokio::time::advance(WOKEN_WAIT).await;
+        assert!(woken(&mut wakes).is_empty());
+        let started = Instant::now();
+        let again = tokio::time::timeout(2 * WOKEN_WAIT, wakes.next()).await.expect("woken again in time");
+        assert_eq!(again.as_deref(), Some("late"), "woken again");
+        assert_eq!(started.elapsed(), WOKEN_WAIT, "after WOKEN_WAIT");
         assert!(in_line(&turns.take("b")), "still kept for late");
-        assert_eq!(woken(&mut rx), ["late"], "woken again");
         let _late = turn(turns.take("late"));
+        assert!(woken(&mut wakes).is_empty());
     }
 
     /// Apps created and deleted while every turn is held leave the line each time it doubles:
@@ -292,7 +339,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_line_is_swept_of_deleted_apps() {
         let (deleted, exists) = apps();
-        let (turns, _rx) = NamespaceTurns::new(1, exists);
+        let turns = NamespaceTurns::new(1, exists);
         let _held = turn(turns.take("busy"));
         for i in 0..1000 {
             let name = format!("churn-{i}");
@@ -307,7 +354,8 @@ mod tests {
 
     #[tokio::test]
     async fn no_bound() {
-        let (turns, _) = NamespaceTurns::new(0, apps().1);
+        let turns = NamespaceTurns::new(0, apps().1);
         assert!(matches!(turns.take("a"), Taken::Unbounded));
+        assert!(woken(&mut turns.woken()).is_empty());
     }
 }

@@ -25,7 +25,7 @@ use super::desired::{
 };
 use super::error::{ReconcileError, retry_delay};
 use super::first_deployment::{is_first_deployment, status_deferral};
-use super::namespace_turns::{self, Taken};
+use super::namespace_turns::Taken;
 use super::projection;
 use super::status::{Blocker, degraded};
 use super::{quota, route, service_routing};
@@ -77,7 +77,7 @@ pub async fn reconcile(obj: Arc<Compact<App>>, ctx: Arc<Context>) -> Result<Acti
     let _turn = match ctx.namespace_turns.take(&name) {
         Taken::Turn(turn) => Some(turn),
         Taken::Unbounded => None,
-        Taken::InLine => return Ok(Action::requeue(namespace_turns::look_again(&name))),
+        Taken::InLine => return Ok(Action::await_change()),
     };
     Box::pin(reconcile_in_turn(obj, ctx)).await
 }
