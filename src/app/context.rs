@@ -225,7 +225,7 @@ impl Context {
         let key = (namespace.to_string(), name.to_string());
         let Some((fingerprint, at)) = written.get(&key) else { return false };
         if !write_pending(*fingerprint, *at, cached) {
-            written.remove(&key);
+            forget(&mut written, &key);
             return false;
         }
         true
@@ -246,7 +246,7 @@ impl Context {
         let key = (namespace.to_string(), name.to_string());
         let behind = cache_behind_apply(applied.get(&key), cached.and_then(|c| c.metadata.resource_version.as_deref()));
         if !behind {
-            applied.remove(&key);
+            forget(&mut applied, &key);
         }
         behind
     }
@@ -285,7 +285,17 @@ impl Context {
     }
 
     pub fn reset_failures(&self, obj: &impl Resource) {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&Self::key(obj));
+        forget(&mut self.failures.lock().unwrap_or_else(|p| p.into_inner()), &Self::key(obj));
+    }
+}
+
+/// Removes `key` from `map`, and gives back the map's room once it is empty: a hash map keeps
+/// the room of its largest burst, and these (one each per namespace served) are full only
+/// while a namespace's Apps are being written, empty at rest.
+fn forget<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, key: &K) {
+    map.remove(key);
+    if map.is_empty() {
+        map.shrink_to_fit();
     }
 }
 
@@ -329,6 +339,18 @@ fn cache_behind_apply(applied: Option<&Applied>, cached: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_map_emptied_gives_its_room_back() {
+        let mut map: HashMap<(String, String), u32> =
+            (0..10).map(|i| (("team".to_string(), format!("app-{i}")), i)).collect();
+        for i in 0..9 {
+            forget(&mut map, &("team".to_string(), format!("app-{i}")));
+        }
+        assert!(map.capacity() >= 10, "room kept while an entry is left");
+        forget(&mut map, &("team".to_string(), "app-9".to_string()));
+        assert_eq!(map.capacity(), 0, "no room kept once empty");
+    }
 
     #[test]
     fn a_recent_apply_the_cache_does_not_show_is_read_from_the_apiserver() {
