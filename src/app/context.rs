@@ -7,7 +7,10 @@ use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use super::memos::Memos;
 
 use crate::api::AppStatus;
 use tokio::sync::watch;
@@ -73,18 +76,19 @@ pub struct Context {
     pub namespace_turns: crate::app::namespace_turns::NamespaceTurns,
     /// Pod annotations a tenant may not set.
     pub pod_policy: Arc<crate::app::pod_policy::PodPolicy>,
-    failures: Mutex<HashMap<(String, String), u32>>,
+    /// Consecutive failures per App (`memos`).
+    failures: Mutex<Memos<u32>>,
     /// The fingerprint of the status this replica last wrote per App, until the cache shows it.
-    written: Mutex<HashMap<(String, String), Written>>,
+    written: Mutex<Memos<Written>>,
     /// Services this replica applied, until the Service cache shows them.
-    applied_services: Mutex<HashMap<(String, String), Applied>>,
+    applied_services: Mutex<Memos<Applied>>,
 }
 
-/// The resourceVersion this replica's apply returned, and when.
-type Applied = (Option<String>, Instant);
+/// The resourceVersion this replica's apply returned.
+type Applied = Option<String>;
 
-/// The fingerprint of a status this replica wrote (`status_fingerprint`), and when.
-type Written = (Option<u64>, Instant);
+/// The fingerprint of a status this replica wrote (`status_fingerprint`).
+type Written = Option<u64>;
 
 /// How long a written status may take to show in the cache before the cache is trusted anyway.
 const WRITE_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
@@ -92,6 +96,10 @@ const WRITE_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
 /// (under load a watch event can take longer than a status does; the read gives the truth,
 /// so a deletion in that time is still put back).
 const APPLY_VISIBLE_WITHIN: Duration = Duration::from_secs(60);
+/// How long an App's count of consecutive failures is kept after its last failure: longer
+/// than the longest retry delay (`error::retry_delay`, 300 s), so an App that keeps failing
+/// keeps its count, and the count of one deleted meanwhile goes.
+const FAILURES_KEPT: Duration = Duration::from_secs(600);
 
 impl Context {
     pub fn new(
@@ -120,9 +128,9 @@ impl Context {
             slots: None,
             namespace_turns: Default::default(),
             pod_policy: Arc::default(),
-            failures: Mutex::default(),
-            written: Mutex::default(),
-            applied_services: Mutex::default(),
+            failures: Mutex::new(Memos::new(FAILURES_KEPT)),
+            written: Mutex::new(Memos::new(WRITE_VISIBLE_WITHIN)),
+            applied_services: Mutex::new(Memos::new(APPLY_VISIBLE_WITHIN)),
         }
     }
 
@@ -205,9 +213,7 @@ impl Context {
     /// Counts one more consecutive failure of this App and returns the count.
     pub fn count_failure(&self, obj: &impl Resource) -> u32 {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let n = failures.entry(Self::key(obj)).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
+        *failures.update(Self::key(obj), |n| n.unwrap_or(0).saturating_add(1))
     }
 
     /// Remembers the status just written for an App, as its fingerprint: a status is about
@@ -215,7 +221,7 @@ impl Context {
     /// its peak at 3,333 Apps, `bench/heap.sh`).
     pub fn remember_written(&self, namespace: &str, name: &str, status: AppStatus) {
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-        written.insert((namespace.to_string(), name.to_string()), (status_fingerprint(&status), Instant::now()));
+        written.update((namespace.to_string(), name.to_string()), |_| status_fingerprint(&status));
     }
 
     /// Whether the cached App predates the status this replica last wrote for it: planning
@@ -225,7 +231,7 @@ impl Context {
         let key = (namespace.to_string(), name.to_string());
         let Some((fingerprint, at)) = written.get(&key) else { return false };
         if !write_pending(*fingerprint, *at, cached) {
-            forget(&mut written, &key);
+            written.forget(&key);
             return false;
         }
         true
@@ -234,7 +240,7 @@ impl Context {
     /// Remembers the resourceVersion of a Service this replica just applied.
     pub fn remember_applied_service(&self, namespace: &str, name: &str, resource_version: Option<String>) {
         let mut applied = self.applied_services.lock().unwrap_or_else(|p| p.into_inner());
-        applied.insert((namespace.to_string(), name.to_string()), (resource_version, Instant::now()));
+        applied.update((namespace.to_string(), name.to_string()), |_| resource_version);
     }
 
     /// Whether the cache may not show a Service this replica applied moments ago: the App is
@@ -246,7 +252,7 @@ impl Context {
         let key = (namespace.to_string(), name.to_string());
         let behind = cache_behind_apply(applied.get(&key), cached.and_then(|c| c.metadata.resource_version.as_deref()));
         if !behind {
-            forget(&mut applied, &key);
+            applied.forget(&key);
         }
         behind
     }
@@ -285,17 +291,7 @@ impl Context {
     }
 
     pub fn reset_failures(&self, obj: &impl Resource) {
-        forget(&mut self.failures.lock().unwrap_or_else(|p| p.into_inner()), &Self::key(obj));
-    }
-}
-
-/// Removes `key` from `map`, and gives back the map's room once it is empty: a hash map keeps
-/// the room of its largest burst, and these (one each per namespace served) are full only
-/// while a namespace's Apps are being written, empty at rest.
-fn forget<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, key: &K) {
-    map.remove(key);
-    if map.is_empty() {
-        map.shrink_to_fit();
+        self.failures.lock().unwrap_or_else(|p| p.into_inner()).forget(&Self::key(obj));
     }
 }
 
@@ -332,25 +328,13 @@ fn write_pending(written: Option<u64>, at: Instant, cached: Option<&AppStatus>) 
 
 /// Whether the cache (showing `cached`, a resourceVersion) may not yet show the object this
 /// replica applied (`applied`): it shows another version and the apply is recent.
-fn cache_behind_apply(applied: Option<&Applied>, cached: Option<&str>) -> bool {
+fn cache_behind_apply(applied: Option<&(Applied, Instant)>, cached: Option<&str>) -> bool {
     applied.is_some_and(|(version, at)| version.as_deref() != cached && at.elapsed() <= APPLY_VISIBLE_WITHIN)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_map_emptied_gives_its_room_back() {
-        let mut map: HashMap<(String, String), u32> =
-            (0..10).map(|i| (("team".to_string(), format!("app-{i}")), i)).collect();
-        for i in 0..9 {
-            forget(&mut map, &("team".to_string(), format!("app-{i}")));
-        }
-        assert!(map.capacity() >= 10, "room kept while an entry is left");
-        forget(&mut map, &("team".to_string(), "app-9".to_string()));
-        assert_eq!(map.capacity(), 0, "no room kept once empty");
-    }
 
     #[test]
     fn a_recent_apply_the_cache_does_not_show_is_read_from_the_apiserver() {

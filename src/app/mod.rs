@@ -10,6 +10,7 @@ pub mod error;
 pub mod first_deployment;
 pub mod guard;
 pub mod light;
+pub mod memos;
 pub mod namespace_turns;
 pub mod pod_policy;
 pub mod projection;
