@@ -147,7 +147,10 @@ pub fn context(
     let events = events.with_client(client.clone());
     let mut ctx = Context::new(client, events, metrics, caches, analyzer);
     ctx.slots = slots;
-    let turns = crate::app::namespace_turns::NamespaceTurns::new(reconciles_per_namespace, exists(apps, scope));
+    let turns = crate::app::namespace_turns::NamespaceTurns::new(
+        turns_of(scope, reconciles_per_namespace),
+        exists(apps, scope),
+    );
     let woken = woken_apps(turns.woken(), scope);
     ctx.namespace_turns = turns;
     ctx.pod_policy = pod_policy;
@@ -165,6 +168,15 @@ pub fn context(
         woken,
     };
     (ctx, streams)
+}
+
+/// The turns of a namespace's controller: none for a controller of every namespace (its
+/// Apps' wakes could not name their namespace, `woken_apps`).
+fn turns_of(scope: &Scope, per_namespace: u16) -> u16 {
+    match scope {
+        Scope::Namespace(_) => per_namespace,
+        Scope::All => 0,
+    }
 }
 
 /// Whether an App of `scope` exists in `apps` by name (`namespace_turns`); without a cache,
@@ -300,9 +312,10 @@ fn apps_reading(apps: &Store<Compact<App>>, config_map: &ConfigMapKey) -> Vec<Ob
 ///
 /// The Apps in line wait as names in the line (`namespace_turns`), asking kube-runtime for
 /// nothing until woken: each scheduled retry costs about 130 bytes of its scheduler's map and
-/// delay queue, and those keep the room of their largest burst. An App whose analysis waits for its Prometheus holds a turn meanwhile (at most
-/// `rollout::measure::TURN_WAIT` for an analysis turn, then the query timeout). The operator
-/// of a single namespace (`--namespace`) sets no bound.
+/// delay queue, and those keep the room of their largest burst. An App whose analysis waits
+/// for its Prometheus holds a turn meanwhile (at most `rollout::measure::TURN_WAIT` for an
+/// analysis turn, then the query timeout). The operator of a single namespace
+/// (`--namespace`) sets no bound, nor does a controller of every namespace (`turns_of`).
 pub fn controller_config(per_namespace: u16) -> kube::runtime::controller::Config {
     let in_flight = match per_namespace {
         0 => 0,
@@ -349,7 +362,7 @@ pub fn app_controller(
         Scope::Namespace(ns) => ns.clone(),
     };
     let registration = shared.metrics.app_index().register(&namespace, apps.clone(), ready.clone());
-    let per_namespace = shared.reconciles_per_namespace;
+    let per_namespace = turns_of(&scope, shared.reconciles_per_namespace);
     let (ctx, streams) = context(client, &scope, shared, served_by, Some(apps.clone()));
     let controller =
         controller_of(app_events, apps, streams, controller_config(per_namespace)).graceful_shutdown_on(shutdown);
@@ -529,6 +542,14 @@ mod tests {
         assert_eq!(most, 3);
         let longest = *waits.last().expect("ten Apps");
         assert!(longest <= s(45), "an App waited {longest:?} between two reconciles: {waits:?}");
+    }
+
+    /// A controller of every namespace has no turns: its wakes could not name the App's
+    /// namespace, and an App in line would wait for good.
+    #[test]
+    fn only_a_namespace_controller_takes_turns() {
+        assert_eq!(turns_of(&Scope::Namespace("team".into()), 3), 3);
+        assert_eq!(turns_of(&Scope::All, 3), 0);
     }
 
     /// What the readiness task relies on.

@@ -19,7 +19,8 @@
 //! free turn is kept for the Apps first in line: an App that comes later, or again, goes
 //! behind them. An App deleted while in line leaves it when its turn would come (the
 //! namespace's Apps are looked up then), and the whole line is swept of deleted Apps each
-//! time it doubles, so it holds about the Apps that exist. An App woken that has not come
+//! time it doubles, so it holds at most about twice the Apps that exist; an emptied line
+//! gives back its room. An App woken that has not come
 //! within `WOKEN_WAIT` is woken again, keeping its place.
 //!
 //! What an App in line costs is its place (a name), and nothing in kube-runtime: no
@@ -70,6 +71,17 @@ struct Line {
     waiting: VecDeque<Waiter>,
     /// The line's length after its last sweep of deleted Apps.
     swept_at: usize,
+}
+
+impl Line {
+    /// Once the line is empty, gives back its room and forgets its last sweep: the next
+    /// burst is swept by its own length.
+    fn settle(&mut self) {
+        if self.waiting.is_empty() {
+            self.waiting = VecDeque::new();
+            self.swept_at = 0;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -153,6 +165,7 @@ impl Inner {
                 line.waiting.remove(i);
             }
         }
+        line.settle();
     }
 
     /// Drops every deleted App from the line once it has doubled since the last sweep: the
@@ -161,6 +174,7 @@ impl Inner {
         if line.waiting.len() >= 2 * line.swept_at.max(8) {
             line.waiting.retain(|w| (self.exists)(&w.name));
             line.swept_at = line.waiting.len();
+            line.settle();
         }
     }
 }
@@ -193,6 +207,7 @@ impl NamespaceTurns {
         if its_turn {
             if let Some(i) = at {
                 line.waiting.remove(i);
+                line.settle();
             }
             line.held += 1;
             inner.tell_if_kept(&line);
@@ -350,6 +365,24 @@ mod tests {
         let Some(inner) = &turns.0 else { panic!("bounded") };
         let length = inner.line.lock().expect("line").waiting.len();
         assert!(length <= 16, "{length} in line, one of them real");
+    }
+
+    /// A line emptied gives back its room and its last sweep's length: the Apps that once
+    /// waited in a burst cost nothing at rest.
+    #[tokio::test(start_paused = true)]
+    async fn an_emptied_line_gives_its_room_back() {
+        let turns = NamespaceTurns::new(1, apps().1);
+        let held = turn(turns.take("busy"));
+        for i in 0..100 {
+            assert!(in_line(&turns.take(&format!("app-{i}"))));
+        }
+        drop(held);
+        for i in 0..100 {
+            drop(turn(turns.take(&format!("app-{i}"))));
+        }
+        let Some(inner) = &turns.0 else { panic!("bounded") };
+        let line = inner.line.lock().expect("line");
+        assert_eq!((line.waiting.capacity(), line.swept_at), (0, 0));
     }
 
     #[tokio::test]
