@@ -150,6 +150,7 @@ pub fn context(
     let turns = crate::app::namespace_turns::NamespaceTurns::new(
         turns_of(scope, reconciles_per_namespace),
         exists(apps, scope),
+        ctx.metrics.apps_waiting_for_turn(),
     );
     let woken = woken_apps(turns.woken(), scope);
     ctx.namespace_turns = turns;
@@ -446,8 +447,11 @@ mod tests {
             futures::stream::empty().boxed()
         }
         let scope = Scope::Namespace("team".into());
-        let turns =
-            crate::app::namespace_turns::NamespaceTurns::new(per_namespace, exists(Some(reader.clone()), &scope));
+        let turns = crate::app::namespace_turns::NamespaceTurns::new(
+            per_namespace,
+            exists(Some(reader.clone()), &scope),
+            prometheus::IntGauge::new("waiting", "Apps in line").expect("a gauge"),
+        );
         let woken = turns.woken();
         let streams = ManagedStreams {
             deployments: empty(),

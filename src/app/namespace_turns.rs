@@ -20,8 +20,9 @@
 //! behind them. An App deleted while in line leaves it when its turn would come (the
 //! namespace's Apps are looked up then), and the whole line is swept of deleted Apps each
 //! time it doubles, so it holds at most about twice the Apps that exist; an emptied line
-//! gives back its room. An App woken that has not come
-//! within `WOKEN_WAIT` is woken again, keeping its place.
+//! gives back its room. An App woken that has not come within `WOKEN_WAIT` is woken again,
+//! keeping its place. The replica counts the Apps in its lines
+//! (`flotilla_apps_waiting_for_turn`).
 //!
 //! What an App in line costs is its place (a name), and nothing in kube-runtime: no
 //! scheduled retry (their map and delay queue keep the room of their largest burst for as
@@ -30,6 +31,7 @@
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use prometheus::IntGauge;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,6 +56,8 @@ pub struct NamespaceTurns(Option<Arc<Inner>>);
 struct Inner {
     turns: usize,
     line: Mutex<Line>,
+    /// The replica's count of Apps in line (`flotilla_apps_waiting_for_turn`).
+    waiting: IntGauge,
     /// Told when an App in line may have a turn free for it (`NamespaceTurns::woken`).
     changed: Notify,
     exists: Exists,
@@ -71,16 +75,32 @@ struct Line {
     waiting: VecDeque<Waiter>,
     /// The line's length after its last sweep of deleted Apps.
     swept_at: usize,
+    /// The line's length as counted in the replica's gauge.
+    counted: usize,
 }
 
 impl Line {
-    /// Once the line is empty, gives back its room and forgets its last sweep: the next
-    /// burst is swept by its own length.
-    fn settle(&mut self) {
+    /// After the line changed: counts its length in the replica's gauge and, once it is
+    /// empty, gives back its room and forgets its last sweep (the next burst is swept by its
+    /// own length).
+    fn settle(&mut self, waiting: &IntGauge) {
+        let length = self.waiting.len();
+        if length != self.counted {
+            waiting.add(i64::try_from(length).unwrap_or(i64::MAX) - i64::try_from(self.counted).unwrap_or(i64::MAX));
+            self.counted = length;
+        }
         if self.waiting.is_empty() {
             self.waiting = VecDeque::new();
             self.swept_at = 0;
         }
+    }
+}
+
+impl Drop for Inner {
+    /// A namespace no longer served: its Apps in line are no longer waiting here.
+    fn drop(&mut self) {
+        let line = self.line.get_mut().unwrap_or_else(|p| p.into_inner());
+        self.waiting.sub(i64::try_from(line.counted).unwrap_or(i64::MAX));
     }
 }
 
@@ -165,28 +185,26 @@ impl Inner {
                 line.waiting.remove(i);
             }
         }
-        line.settle();
+        line.settle(&self.waiting);
     }
 
-    /// Drops every deleted App from the line once it has doubled since the last sweep: the
-    /// line holds about the Apps that exist, whatever a tenant creates and deletes.
+    /// Drops every deleted App from the line once it has doubled since the last sweep (the
+    /// caller settles the line after): the line holds about the Apps that exist, whatever a
+    /// tenant creates and deletes.
     fn sweep(&self, line: &mut Line) {
         if line.waiting.len() >= 2 * line.swept_at.max(8) {
             line.waiting.retain(|w| (self.exists)(&w.name));
             line.swept_at = line.waiting.len();
-            line.settle();
         }
     }
 }
 
 impl NamespaceTurns {
-    /// `turns` turns (0: no bound).
-    pub fn new(turns: u16, exists: Exists) -> Self {
-        Self(
-            (turns > 0).then(|| {
-                Arc::new(Inner { turns: turns.into(), line: Mutex::default(), changed: Notify::new(), exists })
-            }),
-        )
+    /// `turns` turns (0: no bound); the Apps in line are counted in `waiting`.
+    pub fn new(turns: u16, exists: Exists, waiting: IntGauge) -> Self {
+        Self((turns > 0).then(|| {
+            Arc::new(Inner { turns: turns.into(), line: Mutex::default(), waiting, changed: Notify::new(), exists })
+        }))
     }
 
     /// A turn for the App `name` if one is free for it: none is while Apps that asked before
@@ -207,7 +225,7 @@ impl NamespaceTurns {
         if its_turn {
             if let Some(i) = at {
                 line.waiting.remove(i);
-                line.settle();
+                line.settle(&inner.waiting);
             }
             line.held += 1;
             inner.tell_if_kept(&line);
@@ -216,6 +234,7 @@ impl NamespaceTurns {
         if at.is_none() {
             line.waiting.push_back(Waiter { name: name.to_string(), woken: None });
             inner.sweep(&mut line);
+            line.settle(&inner.waiting);
         }
         inner.tell_if_kept(&line);
         Taken::InLine
@@ -278,6 +297,10 @@ mod tests {
         deleted.lock().expect("deleted").get_or_insert_default().insert(name.to_string());
     }
 
+    fn gauge() -> IntGauge {
+        IntGauge::new("waiting", "Apps in line").expect("a gauge")
+    }
+
     /// The Apps the wake stream gives now, without waiting.
     fn woken(stream: &mut BoxStream<'static, String>) -> Vec<String> {
         std::iter::from_fn(|| stream.next().now_or_never().flatten()).collect()
@@ -287,7 +310,7 @@ mod tests {
     /// an App that asks later (or again) goes behind.
     #[tokio::test(start_paused = true)]
     async fn turns_go_in_the_order_they_were_asked_for() {
-        let turns = NamespaceTurns::new(2, apps().1);
+        let turns = NamespaceTurns::new(2, apps().1, gauge());
         let mut wakes = turns.woken();
         let a = turn(turns.take("a"));
         let b = turn(turns.take("b"));
@@ -315,7 +338,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_deleted_app_leaves_the_line() {
         let (deleted, exists) = apps();
-        let turns = NamespaceTurns::new(1, exists);
+        let turns = NamespaceTurns::new(1, exists, gauge());
         let mut wakes = turns.woken();
         let a = turn(turns.take("a"));
         assert!(in_line(&turns.take("gone")));
@@ -331,7 +354,7 @@ mod tests {
     /// retry of its own, so this is what makes sure it comes.
     #[tokio::test(start_paused = true)]
     async fn a_woken_app_that_has_not_come_is_woken_again() {
-        let turns = NamespaceTurns::new(1, apps().1);
+        let turns = NamespaceTurns::new(1, apps().1, gauge());
         let mut wakes = turns.woken();
         let a = turn(turns.take("a"));
         assert!(in_line(&turns.take("late")));
@@ -354,7 +377,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_line_is_swept_of_deleted_apps() {
         let (deleted, exists) = apps();
-        let turns = NamespaceTurns::new(1, exists);
+        let turns = NamespaceTurns::new(1, exists, gauge());
         let _held = turn(turns.take("busy"));
         for i in 0..1000 {
             let name = format!("churn-{i}");
@@ -371,7 +394,7 @@ mod tests {
     /// waited in a burst cost nothing at rest.
     #[tokio::test(start_paused = true)]
     async fn an_emptied_line_gives_its_room_back() {
-        let turns = NamespaceTurns::new(1, apps().1);
+        let turns = NamespaceTurns::new(1, apps().1, gauge());
         let held = turn(turns.take("busy"));
         for i in 0..100 {
             assert!(in_line(&turns.take(&format!("app-{i}"))));
@@ -385,9 +408,38 @@ mod tests {
         assert_eq!((line.waiting.capacity(), line.swept_at), (0, 0));
     }
 
+    /// The replica's gauge counts the Apps in every line, as they join and leave it, and
+    /// those of a namespace no longer served leave it.
+    #[tokio::test(start_paused = true)]
+    async fn the_apps_in_line_are_counted() {
+        let waiting = gauge();
+        let (deleted, exists) = apps();
+        let turns = NamespaceTurns::new(1, exists, waiting.clone());
+        let other = NamespaceTurns::new(1, apps().1, waiting.clone());
+        let other_wakes = other.woken();
+        let held = turn(turns.take("busy"));
+        let other_held = turn(other.take("busy"));
+        for name in ["a", "b", "gone"] {
+            assert!(in_line(&turns.take(name)));
+        }
+        assert!(in_line(&other.take("x")));
+        assert!(in_line(&turns.take("a")), "asking again");
+        assert_eq!(waiting.get(), 4);
+        delete(&deleted, "a");
+        drop(held);
+        let b = turn(turns.take("b"));
+        assert_eq!(waiting.get(), 2, "a, deleted, left the line when its turn came, and b took it");
+        drop(b);
+        delete(&deleted, "gone");
+        let _c = turn(turns.take("c"));
+        assert_eq!(waiting.get(), 1, "gone left the line; c never joined it");
+        drop((other, other_held, other_wakes));
+        assert_eq!(waiting.get(), 0, "a namespace no longer served");
+    }
+
     #[tokio::test]
     async fn no_bound() {
-        let turns = NamespaceTurns::new(0, apps().1);
+        let turns = NamespaceTurns::new(0, apps().1, gauge());
         assert!(matches!(turns.take("a"), Taken::Unbounded));
         assert!(woken(&mut turns.woken()).is_empty());
     }

@@ -17,6 +17,7 @@ pub struct Metrics {
     errors: IntCounterVec,
     drift_corrections: IntCounterVec,
     namespaces_served: IntGauge,
+    apps_waiting_for_turn: IntGauge,
     namespace_connections: IntGauge,
     apps_not_onboarded: IntCounter,
     shards_held: IntGauge,
@@ -67,6 +68,10 @@ impl Metrics {
         let namespaces_served = IntGauge::new(
             "flotilla_namespaces_served",
             "Onboarded namespaces this replica runs an App controller for.",
+        )?;
+        let apps_waiting_for_turn = IntGauge::new(
+            "flotilla_apps_waiting_for_turn",
+            "Apps waiting in their namespace's line for a reconcile turn (--reconciles-per-namespace).",
         )?;
         let namespace_connections = IntGauge::new(
             "flotilla_namespace_connections",
@@ -149,6 +154,7 @@ impl Metrics {
         registry.register(Box::new(lease_events.clone()))?;
         registry.register(Box::new(seconds_since_renew.clone()))?;
         registry.register(Box::new(namespaces_served.clone()))?;
+        registry.register(Box::new(apps_waiting_for_turn.clone()))?;
         registry.register(Box::new(namespace_connections.clone()))?;
         registry.register(Box::new(apps_not_onboarded.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
@@ -190,6 +196,7 @@ impl Metrics {
             errors,
             drift_corrections,
             namespaces_served,
+            apps_waiting_for_turn,
             namespace_connections,
             apps_not_onboarded,
             shards_held,
@@ -261,6 +268,12 @@ impl Metrics {
 
     pub fn namespaces_served(&self, n: usize) {
         self.namespaces_served.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The count of Apps waiting in the namespaces' lines (`app::namespace_turns`), which
+    /// each line moves as Apps join and leave it.
+    pub fn apps_waiting_for_turn(&self) -> IntGauge {
+        self.apps_waiting_for_turn.clone()
     }
 
     pub fn namespace_connections(&self, n: usize) {
