@@ -11,6 +11,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+# The binaries' temporary files (operators' logs, kubeconfigs, Prometheus and Jaeger data,
+# audit logs) go under this run's directory and leave with it: named by test and process,
+# they piled up in /tmp run after run. A failed binary's operator logs are copied out first.
+mkdir "$out/tmp"
+export TMPDIR=$out/tmp
 
 # "name path" of every test executable (the lib's and the binary's unit tests, and each file
 # of tests/), by name: cargo lists them in the order they finished building, and the order
