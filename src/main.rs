@@ -252,6 +252,11 @@ fn main() -> ExitCode {
                     analysis_limits: flotilla::rollout::AnalysisLimits {
                         per_replica: usize::from(args.analysis_concurrency),
                         per_tenant: usize::from(args.analysis_concurrency_per_tenant),
+                        min_interval: args.analysis_min_interval,
+                        query: flotilla::rollout::query_cost::QueryBounds {
+                            max_lookback: args.analysis_max_lookback,
+                            ..Default::default()
+                        },
                     },
                     webhook: args.conversion_webhook.then(|| flotilla::webhook::WebhookSettings {
                         addr: args.webhook_addr,

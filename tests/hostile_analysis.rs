@@ -316,5 +316,49 @@ async fn a_hostile_tenant_cannot_turn_analysis_against_the_platform_or_other_ten
         (m.result == MeasurementResult::Pass && m.value.is_some_and(|v| v > 0.0)).then_some(())
     })
     .await;
+
+    // 6. Queries that cost Prometheus more than any check needs are refused, naming the check,
+    //    and never sent: no selector, a pinned time, a lookback past the bound.
+    for (name, query, why) in [
+        ("selectorless", "count_over_time(vector(1)[1d:1ms])", "selects no series"),
+        ("pinned", "up @ 1609746000", "pinned to a time with @"),
+        ("history", "rate(up[1d])", "more than the 3600s a check may look back"),
+    ] {
+        let before = secret.requests();
+        let analysis = json!({"interval": "1s", "prometheusUrl": secret.url, "metrics": [check("costly", query)]});
+        let apps = rolling_app(&client, &attacker, name, analysis).await;
+        let app = measured(&apps, name, MeasurementResult::Invalid, why).await;
+        let m = app.status.as_ref().and_then(|s| s.analysis.as_ref()).and_then(|a| a.measurements.first().cloned());
+        assert!(m.as_ref().and_then(|m| m.message.as_deref()).is_some_and(|t| t.contains("check costly")), "{m:?}");
+        assert_ne!(app.status.as_ref().and_then(|s| s.phase), Some(AppPhase::Healthy), "never promoted");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(secret.requests(), before, "{name}: the query was sent");
+    }
+
+    // 7. An App measured every second, passing, held at a step: its runs decide nothing new,
+    //    so its status is written at most once per 30 s, not once per run.
+    let apps = rolling_app(&client, &attacker, "chatty", spy(own)).await;
+    wait_for(Duration::from_secs(60), "App chatty measured", || async {
+        let m = apps.get("chatty").await.ok()?.status?.analysis?.measurements.first()?.clone();
+        (m.result == MeasurementResult::Pass).then_some(())
+    })
+    .await;
+    let writes = || {
+        support::audit_events_in(&attacker)
+            .iter()
+            .filter(|e| {
+                let uri = e["requestURI"].as_str().unwrap_or_default();
+                let verb = e["verb"].as_str().unwrap_or_default();
+                uri.contains("/apps/chatty/status") && matches!(verb, "patch" | "update")
+            })
+            .count()
+    };
+    let (first, started) = (writes(), std::time::Instant::now());
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    let written = writes() - first;
+    let runs = apps.get("chatty").await.expect("App").status.and_then(|s| s.analysis).map(|a| a.failures);
+    eprintln!("chatty: {written} status writes in {:?} of runs every second (failures {runs:?})", started.elapsed());
+    // One per 30 s, and one more for a run that lands on the edge: 40 or so before.
+    assert!(written <= 3, "{written} status writes in 45 s of an analysis every second");
     drop(operator);
 }

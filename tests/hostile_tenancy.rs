@@ -331,6 +331,160 @@ async fn operator_token_is_fenced(client: Client, operator: Client) {
     kubectl_ok(&["delete", "namespace", &victim, "--wait=false"]);
 }
 
+/// Issue 49 §1: with the operator's own token, a Tenant's spec, labels, annotations and other
+/// finalizers cannot be changed (the tenant-admins policy trusts the Tenant's spec.admins):
+/// only its finalizer and its status.
+async fn operator_token_cannot_rewrite_tenants(client: Client, operator: Client, kubeconfig: &Path) {
+    let (t, ns) = (unique("ten-rewrite"), unique("rewrite"));
+    create_tenant(
+        &client,
+        &t,
+        json!({"namespaces": [ns], "admins": [{"kind": "User", "name": "bob"}],
+                                      "quota": {"hard": {"pods": "5"}}}),
+    )
+    .await;
+    wait_state(&client, &t, &ns, NamespaceState::Onboarded).await;
+    const TENANTS: &str = "flotilla-operator-tenants";
+    let tenants: Api<Tenant> = Api::all(operator.clone());
+    let mut failures = Vec::new();
+    let attempts = [
+        (
+            "widening spec.admins to every authenticated user",
+            json!({"spec": {"admins": [{"kind": "Group", "name": "system:authenticated"}]}}),
+        ),
+        ("dropping the quota", json!({"spec": {"quota": null}})),
+        ("dropping the NetworkPolicy", json!({"spec": {"networkPolicy": {"isolation": "None"}}})),
+        ("adding a namespace", json!({"spec": {"namespaces": [ns, "kube-node-lease"]}})),
+        ("labelling the Tenant", json!({"metadata": {"labels": {"team": "thief"}}})),
+        ("annotating the Tenant", json!({"metadata": {"annotations": {"flotilla.dev/v1beta1-fields": "{}"}}})),
+        (
+            "adding another finalizer",
+            json!({"metadata": {"finalizers": ["flotilla.dev/offboard", "example.com/hold"]}}),
+        ),
+    ];
+    for (what, patch) in attempts {
+        let r = tenants.patch(&t, &PatchParams::default(), &Patch::Merge(&patch)).await;
+        failures.extend(refused(what, r, TENANTS));
+    }
+    // The same through v1alpha1: the policy sees every version.
+    let (ok, out) = kubectl_try(&[
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "patch",
+        "tenants.v1alpha1.flotilla.dev",
+        &t,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"admins":[{"kind":"Group","name":"system:authenticated"}]}}"#,
+    ]);
+    if ok || !out.contains(TENANTS) {
+        failures.push(format!("widening spec.admins through v1alpha1: want 403 from {TENANTS}, got: {out}"));
+    }
+    // What the operator must do still passes: its finalizer and its status.
+    let status = json!({"status": {"conditions": []}});
+    let r = tenants.patch_status(&t, &PatchParams::default(), &Patch::Merge(&status)).await;
+    if let Err(e) = r {
+        failures.push(format!("the operator's status write was refused: {e}"));
+    }
+    let admins = Api::<Tenant>::all(client.clone()).get(&t).await.expect("tenant").spec.admins;
+    assert_eq!(admins.len(), 1, "spec.admins unchanged: {admins:?}");
+    assert!(failures.is_empty(), "Tenant writes with the operator's token not refused:\n{}", failures.join("\n"));
+}
+
+/// A user whose only right is to create and label namespaces (a CI robot, a self-service
+/// portal), through kubectl's impersonation.
+const NS_ROBOT: &str = "flotilla-test-namespace-robot";
+
+fn as_robot(args: &[&str]) -> (bool, String) {
+    let mut all = vec!["--as", NS_ROBOT];
+    all.extend_from_slice(args);
+    kubectl_try(&all)
+}
+
+/// Issue 49 §1: a namespace creator cannot set the labels Flotilla trusts (so cannot join a
+/// tenant's network, pre-claim a namespace for a tenant, pick its shard or protect it); the
+/// tenant's NetworkPolicy names its peers by the name the apiserver sets; a namespace the
+/// creator made for a Tenant is onboarded only through adoption.
+async fn namespace_creator_cannot_forge_trusted_labels(client: Client) {
+    let (t, home, spy, later) = (unique("ten-forge"), unique("home"), unique("spy"), unique("later"));
+    let _ = kubectl_try(&[
+        "create",
+        "clusterrole",
+        NS_ROBOT,
+        "--verb=create,get,list,patch,update",
+        "--resource=namespaces",
+    ]);
+    let _ = kubectl_try(&[
+        "create",
+        "clusterrolebinding",
+        NS_ROBOT,
+        &format!("--clusterrole={NS_ROBOT}"),
+        &format!("--user={NS_ROBOT}"),
+    ]);
+    create_tenant(&client, &t, json!({"namespaces": [home]})).await;
+    wait_state(&client, &t, &home, NamespaceState::Onboarded).await;
+    const LABELS: &str = "flotilla-namespace-labels";
+    let mut failures = Vec::new();
+
+    // Created already labelled for the tenant: refused.
+    let file = std::env::temp_dir().join(format!("{spy}.json"));
+    let labelled = json!({"apiVersion": "v1", "kind": "Namespace",
+                          "metadata": {"name": spy, "labels": {"flotilla.dev/tenant": t}}});
+    std::fs::write(&file, labelled.to_string()).expect("write");
+    let (ok, out) = as_robot(&["create", "-f", &file.display().to_string()]);
+    if ok || !out.contains(LABELS) {
+        failures.push(format!("creating {spy} labelled for {t}: want a refusal from {LABELS}, got: {out}"));
+    }
+    // Created plain (allowed), then labelled: each trusted label refused, others allowed.
+    let (ok, out) = as_robot(&["create", "namespace", &spy]);
+    assert!(ok, "the robot may create namespaces: {out}");
+    for label in [
+        format!("flotilla.dev/tenant={t}"),
+        "flotilla.dev/adoptable=true".into(),
+        "flotilla.dev/shard=0".into(),
+        "flotilla.dev/protected=true".into(),
+    ] {
+        let (ok, out) = as_robot(&["label", "namespace", &spy, &label]);
+        if ok || !out.contains(LABELS) {
+            failures.push(format!("labelling {spy} {label}: want a refusal from {LABELS}, got: {out}"));
+        }
+    }
+    let (ok, out) = as_robot(&["label", "namespace", &spy, "team=spies"]);
+    assert!(ok, "other labels stay the creator's: {out}");
+    assert!(!labels_of(&client, &spy).await.contains_key("flotilla.dev/tenant"));
+
+    // The tenant's NetworkPolicy names its namespaces by kubernetes.io/metadata.name.
+    let policy = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(client.clone(), &home)
+        .get("flotilla-tenant")
+        .await
+        .expect("the tenant's NetworkPolicy");
+    let peers = serde_json::to_value(policy.spec.and_then(|s| s.ingress)).expect("json");
+    let text = peers.to_string();
+    assert!(!text.contains("flotilla.dev/tenant"), "no peer by a label anyone may write: {text}");
+    assert!(text.contains("kubernetes.io/metadata.name") && text.contains(&home) && !text.contains(&spy), "{text}");
+
+    // A namespace the creator made before the Tenant lists it: only through adoption.
+    let (ok, out) = as_robot(&["create", "namespace", &later]);
+    assert!(ok, "{out}");
+    set_namespaces(&client, &t, &[&home, &later]).await;
+    wait_state(&client, &t, &later, NamespaceState::NotAdoptable).await;
+    // The platform (system:masters here) may still hand it over.
+    kubectl_ok(&["label", "namespace", &later, &format!("flotilla.dev/adoptable={t}")]);
+    wait_state(&client, &t, &later, NamespaceState::Onboarded).await;
+    let peers = wait_for(SETTLE, "the NetworkPolicy of the first namespace names the adopted one", || async {
+        let p = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(client.clone(), &home)
+            .get("flotilla-tenant")
+            .await
+            .ok()?;
+        let text = serde_json::to_string(&p.spec?.ingress).ok()?;
+        text.contains(&later).then_some(text)
+    })
+    .await;
+    assert!(!peers.contains(&spy), "{peers}");
+    assert!(failures.is_empty(), "forged namespace labels not refused:\n{}", failures.join("\n"));
+    kubectl_ok(&["delete", "namespace", &spy, "--wait=false"]);
+}
+
 /// §6: a Tenant enforcing `restricted`: the namespace refuses a privileged pod and runs
 /// Flotilla's pods.
 async fn restricted_tenant_runs_flotillas_pods(client: Client) {
@@ -449,7 +603,9 @@ async fn the_tenant_boundary_holds() {
         foreign_namespace_needs_adoption(client.clone()),
         protected_namespaces_are_never_claimed(client.clone(), allowed.clone()),
         ownership_never_moves(client.clone()),
-        operator_token_is_fenced(client.clone(), operator),
+        operator_token_is_fenced(client.clone(), operator.clone()),
+        operator_token_cannot_rewrite_tenants(client.clone(), operator, &kubeconfig),
+        namespace_creator_cannot_forge_trusted_labels(client.clone()),
         restricted_tenant_runs_flotillas_pods(client.clone()),
         reserved_pod_annotations_are_refused(client.clone()),
     );

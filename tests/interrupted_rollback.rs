@@ -69,7 +69,15 @@ async fn interrupted_at(n: u32) {
     // The next replica judges the canary failed and dies after its n-th write of the rollback.
     let log = std::env::temp_dir().join(format!("flotilla-e2e-{}-abort-{n}.log", rig.ns.name));
     let mut dying = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["run", "--namespace", &rig.ns.name, "--prometheus-url", &rig.prometheus.url()])
+        .args([
+            "run",
+            "--namespace",
+            &rig.ns.name,
+            "--prometheus-url",
+            &rig.prometheus.url(),
+            "--analysis-min-interval",
+            "1s",
+        ])
         .args(["--conversion-webhook=false", "--admin-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0"])
         .arg("--kubeconfig")
         .arg(kubeconfig())

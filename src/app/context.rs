@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::memos::Memos;
 
-use crate::api::AppStatus;
+use crate::api::{AnalysisStatus, AppStatus};
 use tokio::sync::watch;
 
 use crate::api::Tenant;
@@ -82,6 +82,8 @@ pub struct Context {
     written: Mutex<Memos<Written>>,
     /// Services this replica applied, until the Service cache shows them.
     applied_services: Mutex<Memos<Applied>>,
+    /// The latest analysis run per App that was not written (`status::run_may_wait`).
+    unwritten_runs: Mutex<Memos<AnalysisStatus>>,
 }
 
 /// The resourceVersion this replica's apply returned.
@@ -131,6 +133,7 @@ impl Context {
             failures: Mutex::new(Memos::new(FAILURES_KEPT)),
             written: Mutex::new(Memos::new(WRITE_VISIBLE_WITHIN)),
             applied_services: Mutex::new(Memos::new(APPLY_VISIBLE_WITHIN)),
+            unwritten_runs: Mutex::new(Memos::new(crate::app::status::FRESH_FOR)),
         }
     }
 
@@ -235,6 +238,38 @@ impl Context {
             return false;
         }
         true
+    }
+
+    /// Remembers an analysis run that was not written (it decided nothing new), so that the
+    /// App's next reconcile plans from it: its next run is due an interval after it, not at
+    /// once, and a step may move on it.
+    pub fn remember_unwritten_run(&self, namespace: &str, name: &str, run: AnalysisStatus) {
+        let mut runs = self.unwritten_runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.update((namespace.to_string(), name.to_string()), |_| run);
+    }
+
+    /// The run not written that is newer than the `stored` one and judged alike, if there is
+    /// one; else it is forgotten (the stored status moved on, or said something else).
+    pub fn unwritten_run(&self, namespace: &str, name: &str, stored: Option<&AppStatus>) -> Option<AnalysisStatus> {
+        let mut runs = self.unwritten_runs.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (namespace.to_string(), name.to_string());
+        let (run, _) = runs.get(&key)?;
+        let before = stored.and_then(|s| s.analysis.as_ref());
+        let newer = before.is_some_and(|b| {
+            crate::app::status::same_outcome(b, run)
+                && run.last_run.as_ref().map(|t| t.0) > b.last_run.as_ref().map(|t| t.0)
+        });
+        if newer {
+            return Some(run.clone());
+        }
+        runs.forget(&key);
+        None
+    }
+
+    /// Forgets the run not written, once a status with it (or a later one) is written.
+    pub fn forget_unwritten_run(&self, namespace: &str, name: &str) {
+        let mut runs = self.unwritten_runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.forget(&(namespace.to_string(), name.to_string()));
     }
 
     /// Remembers the resourceVersion of a Service this replica just applied.

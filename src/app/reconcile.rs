@@ -27,7 +27,7 @@ use super::error::{ReconcileError, retry_delay};
 use super::first_deployment::{is_first_deployment, status_deferral};
 use super::namespace_turns::Taken;
 use super::projection;
-use super::status::{Blocker, degraded};
+use super::status::{Blocker, degraded, run_may_wait};
 use super::{quota, route, service_routing};
 use crate::api::conditions::READY;
 use crate::api::names::{self, FIELD_MANAGER};
@@ -267,8 +267,17 @@ async fn reconcile_app(
     let now = crate::api::conditions::now_to_the_second();
     let invalid = |source| ReconcileError::InvalidSettings { namespace: namespace.clone(), name: name.clone(), source };
 
+    // The status as stored; planned from with the latest run that was not written laid over
+    // it (`status::run_may_wait`), so that the next run is due an interval after that one.
+    let stored_status = app.status.clone();
+    if let Some(run) = ctx.unwritten_run(&namespace, &name, app.status.as_ref())
+        && let Some(status) = app.status.as_mut()
+    {
+        status.analysis = Some(run);
+    }
+
     // Decide: the planner, and once more with measurements when it asks for them.
-    let mut input = Input { app: &app, observed, measurements: None, now };
+    let mut input = Input { app: &app, observed, measurements: None, now, min_interval: ctx.analyzer.min_interval() };
     let mut plan = planner::plan(&input).map_err(invalid)?;
     // A stable template recovered from the running Deployment (status lost it) is read from the
     // Deployment in full: the cache holds projections (`projection`).
@@ -339,7 +348,7 @@ async fn reconcile_app(
     // A new App's first deployment is written with fewer writes: see `first_deployment`.
     let first = is_first_deployment(&previous, &plan.status);
     let mut version = app.metadata.resource_version.clone();
-    let mut stored = app.status.clone();
+    let mut stored = stored_status;
     // Whether the plan has Events to send (with its decision, or at the end).
     let noted = !plan.notes.is_empty();
 
@@ -349,12 +358,14 @@ async fn reconcile_app(
     // an older App fails instead of overwriting the decision. Killed after this write, the
     // next owner plans from the decision and completes it; killed before, nothing changed.
     // A first deployment decides nothing to persist (see `first_deployment`).
-    if decision_changed(&previous, &plan.status) && !first {
+    // A run that decides nothing new is not a decision: it waits (see the status write below).
+    if decision_changed(&previous, &plan.status) && !first && !run_may_wait(stored.as_ref(), &plan.status, now) {
         if !ctx.may_write(&namespace) {
             return Err(fenced());
         }
         version = write_status(&ctx.client, &namespace, &name, &plan.status, version.as_deref()).await?;
         ctx.remember_written(&namespace, &name, plan.status.clone());
+        ctx.forget_unwritten_run(&namespace, &name);
         stored = Some(plan.status.clone());
         // The decision's Events (a rollback, a promotion, a step) go now that it is stored: the
         // applies below may fail (a cache behind, a conflict), and the reconcile that completes
@@ -590,7 +601,12 @@ async fn reconcile_app(
         (None, Some(refused)) => degraded(&plan.status, &previous, refused, now),
         (None, None) => plan.status.clone(),
     };
-    if stored.as_ref() != Some(&status) {
+    // A fresh run of the same outcome is written at most once per `status::FRESH_FOR`.
+    let waits = stored.as_ref() != Some(&status) && run_may_wait(stored.as_ref(), &status, now);
+    if let Some(run) = status.analysis.clone().filter(|_| waits) {
+        ctx.remember_unwritten_run(&namespace, &name, run);
+    }
+    if stored.as_ref() != Some(&status) && !waits {
         let quiet = failure.is_none() && refusal.is_none() && !noted;
         // The stable Deployment's age: zero when this reconcile created it.
         let stable_age = match stable.as_deref() {
@@ -614,6 +630,7 @@ async fn reconcile_app(
         );
         write_status(&ctx.client, &namespace, &name, &status, version.as_deref()).await?;
         ctx.remember_written(&namespace, &name, status.clone());
+        ctx.forget_unwritten_run(&namespace, &name);
     }
     let status_changed = app.status.as_ref() != Some(&status);
     if status_changed {

@@ -177,6 +177,15 @@ pub struct RunArgs {
     /// --analysis-concurrency) within 20 s is inconclusive and asks nothing.
     #[arg(long, env = "FLOTILLA_ANALYSIS_CONCURRENCY_PER_TENANT", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub analysis_concurrency_per_tenant: u16,
+    /// The shortest interval between one App's analysis runs: an App asking for a shorter
+    /// `spec.rollout.analysis.interval` is measured this often. Between 1s and 10m.
+    #[arg(long, env = "FLOTILLA_ANALYSIS_MIN_INTERVAL", default_value = "5s", value_parser = parse_analysis_interval)]
+    pub analysis_min_interval: std::time::Duration,
+    /// How far back a check's query may read (its range windows, offsets and subqueries
+    /// summed); a query reading further, pinned with `@`, or selecting no series is refused
+    /// without being sent. Between 1m and 1d.
+    #[arg(long, env = "FLOTILLA_ANALYSIS_MAX_LOOKBACK", default_value = "60m", value_parser = parse_lookback)]
+    pub analysis_max_lookback: std::time::Duration,
     /// Serve the conversion webhook of the CRDs (every replica does; turn it off only where
     /// another installation of Flotilla serves it).
     #[arg(long, env = "FLOTILLA_CONVERSION_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
@@ -284,6 +293,29 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         "m" => Ok(std::time::Duration::from_secs(n.saturating_mul(60))),
         _ => Err(format!("invalid duration unit in {s:?}: use ms, s or m")),
     }
+}
+
+/// A duration of `parse_duration` between `min` and `max`.
+fn duration_between(
+    s: &str,
+    min: std::time::Duration,
+    max: std::time::Duration,
+) -> Result<std::time::Duration, String> {
+    let d = parse_duration(s)?;
+    if d < min || d > max {
+        return Err(format!("{s:?} is out of range: between {min:?} and {max:?}"));
+    }
+    Ok(d)
+}
+
+/// `--analysis-min-interval`: 1s to 10m.
+pub fn parse_analysis_interval(s: &str) -> Result<std::time::Duration, String> {
+    duration_between(s, std::time::Duration::from_secs(1), std::time::Duration::from_secs(600))
+}
+
+/// `--analysis-max-lookback`: 1m to a day (1440m).
+pub fn parse_lookback(s: &str) -> Result<std::time::Duration, String> {
+    duration_between(s, std::time::Duration::from_secs(60), std::time::Duration::from_secs(86_400))
 }
 
 /// `--heap-trim-interval`: 0s (never), or at least a second (each trim holds the allocator's

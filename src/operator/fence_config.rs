@@ -25,13 +25,14 @@ pub const UNBOUND: &str = "flotilla-shard-fence-unbound";
 
 /// Every policy that matches the operator's requests by its user name: the shard fence's two
 /// and the limits on its own writes (rbac/admission.yaml).
-pub const POLICIES: [&str; 6] = [
+pub const POLICIES: [&str; 7] = [
     POLICY,
     UNBOUND,
     "flotilla-operator-onboarding",
     "flotilla-operator-tenant-admins",
     "flotilla-operator-namespaces",
     "flotilla-operator-workloads",
+    "flotilla-operator-tenants",
 ];
 
 /// The binding of `shard`'s Lease to the policy.

@@ -14,6 +14,7 @@ use futures::future::join_all;
 use super::analysis::{QueryOutcome, TemplateValues, judge, render};
 use super::endpoints::{Endpoint, Refusal, choose};
 use super::prometheus::{Asked, ClientError, PrometheusClient, shown};
+use super::query_cost::{self, QueryBounds};
 use super::resting::Resting;
 use super::scope::{ScopeError, scope_to_namespace};
 use super::turns::{Busy, Turns};
@@ -28,16 +29,28 @@ use crate::telemetry::Metrics;
 pub const TURN_WAIT: std::time::Duration =
     std::time::Duration::from_secs(2 * super::prometheus::QUERY_TIMEOUT.as_secs());
 
-/// How many analysis runs may be in flight at once.
+/// What analysis may cost: how many runs may be in flight at once, how often an App's
+/// checks may run, and what one query may ask of Prometheus.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AnalysisLimits {
     pub per_replica: usize,
     pub per_tenant: usize,
+    /// The shortest interval between an App's runs, whatever its spec asks (`--analysis-min-interval`).
+    pub min_interval: std::time::Duration,
+    /// The bounds on each query (`--analysis-max-lookback`).
+    pub query: QueryBounds,
 }
+
+/// Queries of one run in flight at once: a run of 20 checks sends them 4 at a time, so one
+/// tenant has at most `per_tenant` x 4 queries in flight on a replica.
+pub const QUERIES_PER_RUN: usize = 4;
+
+/// The default of `--analysis-min-interval`.
+pub const DEFAULT_MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Default for AnalysisLimits {
     fn default() -> Self {
-        Self { per_replica: 32, per_tenant: 8 }
+        Self { per_replica: 32, per_tenant: 8, min_interval: DEFAULT_MIN_INTERVAL, query: QueryBounds::default() }
     }
 }
 
@@ -51,6 +64,7 @@ pub struct Analyzer {
     resting: Resting,
     /// How long a run waits for its turns (`TURN_WAIT`; shorter in tests).
     turn_wait: std::time::Duration,
+    limits: AnalysisLimits,
 }
 
 /// Who asks: the tenant whose turns a run takes, and the endpoints its Tenant lists.
@@ -77,7 +91,13 @@ impl Analyzer {
             turns: Turns::new(limits.per_replica, limits.per_tenant),
             resting: Resting::default(),
             turn_wait: TURN_WAIT,
+            limits,
         })
+    }
+
+    /// The shortest interval between an App's runs.
+    pub fn min_interval(&self) -> std::time::Duration {
+        self.limits.min_interval
     }
 
     /// Why `app` may not use the Prometheus it names (`None` when it may, or has no analysis).
@@ -107,6 +127,11 @@ impl Analyzer {
             .iter()
             .map(|check| {
                 let query = render(&check.query, &values);
+                // What a query may cost is judged before anything else, whichever Prometheus
+                // it is for: nothing that costs more is sent.
+                if let Err(e) = query_cost::check(&query, &self.limits.query) {
+                    return Err(QueryOutcome::Invalid(format!("check {}: {e}", check.name)));
+                }
                 match &endpoint {
                     Err(refusal) => Err(QueryOutcome::Invalid(refusal.to_string())),
                     Ok(Endpoint { scoped: false, .. }) => Ok(query),
@@ -164,10 +189,28 @@ impl Analyzer {
             (Some(why), Ok(_)) => Err(QueryOutcome::Inconclusive(why.clone())),
             (_, p) => p,
         });
+        // A check not asked by then (its run's queries go `QUERIES_PER_RUN` at a time) is
+        // inconclusive: a run of checks that all hang holds its turn for two query timeouts.
+        let deadline = tokio::time::Instant::now() + 2 * self.client.timeout();
+        let in_flight = tokio::sync::Semaphore::new(QUERIES_PER_RUN);
         let runs = analysis.metrics.iter().zip(prepared).map(|(check, prepared)| {
             let endpoint = endpoint.as_ref().ok();
+            let in_flight = &in_flight;
             async move {
+                // Never closed: an error would only mean no bound, so it goes on without one.
+                let _permit = match &prepared {
+                    Ok(_) => in_flight.acquire().await.ok(),
+                    Err(_) => None,
+                };
+                let late = tokio::time::Instant::now() >= deadline;
                 let asked = match (prepared, endpoint) {
+                    (Ok(_), Some(_)) if late => Asked {
+                        outcome: QueryOutcome::Inconclusive(format!(
+                            "not asked: the run's other checks took its {}s",
+                            2 * self.client.timeout().as_secs()
+                        )),
+                        timed_out: false,
+                    },
                     (Ok(query), Some(endpoint)) => self.client.ask(&endpoint.url, &query).await,
                     (Err(outcome), _) => Asked { outcome, timed_out: false },
                     (Ok(_), None) => {
@@ -250,13 +293,93 @@ mod tests {
         run.measurements.iter().map(|m| (m.result, m.message.clone().unwrap_or_default())).collect()
     }
 
+    /// A Prometheus that answers 0.01 to every query after 100 ms: the most queries it had
+    /// in flight at once, and the request lines it got.
+    async fn slow_prometheus() -> (String, Arc<std::sync::atomic::AtomicUsize>, Arc<std::sync::Mutex<Vec<String>>>) {
+        use std::sync::atomic::AtomicUsize;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (m, l) = (most.clone(), lines.clone());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (now, most, lines) = (now.clone(), m.clone(), l.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    let line = String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or_default().to_string();
+                    lines.lock().expect("lines").push(line);
+                    let in_flight = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(in_flight, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    let body = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1700000000,"0.01"]}]}}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes()).await;
+                });
+            }
+        });
+        (url, most, lines)
+    }
+
+    /// A run of 20 checks sends them `QUERIES_PER_RUN` at a time, each with Prometheus' own
+    /// timeout, and every check is measured.
+    #[tokio::test]
+    async fn a_runs_queries_go_a_few_at_a_time_with_prometheus_own_timeout() {
+        let (url, most, lines) = slow_prometheus().await;
+        let a = analyzer(url, AnalysisLimits::default());
+        let checks: Vec<serde_json::Value> = (0..20)
+            .map(|i| serde_json::json!({"name": format!("c{i}"), "query": format!("sum(rate(errors_{i}[1m]))"), "max": 0.05}))
+            .collect();
+        let app: App = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "many", "namespace": "shop"},
+            "spec": {"image": "registry.example.com/shop/many", "version": "2", "replicas": 1,
+                     "rollout": {"analysis": {"metrics": checks}}}
+        }))
+        .expect("an App");
+        let metrics = Metrics::new().expect("metrics");
+        let run = a.measure(&app, "1", Asker { key: "shop", endpoints: &[] }, &metrics);
+        let run = tokio::time::timeout(Duration::from_secs(10), run).await.expect("the run ends");
+        assert_eq!(run.measurements.len(), 20);
+        assert!(run.measurements.iter().all(|m| m.result == MeasurementResult::Pass), "{:?}", results(&run));
+        let most = most.load(Ordering::SeqCst);
+        assert!((1..=4).contains(&most), "{most} queries of one run in flight at once");
+        let lines = lines.lock().expect("lines").clone();
+        assert_eq!(lines.len(), 20);
+        assert!(lines.iter().all(|l| l.contains("timeout=9000ms")), "{lines:?}");
+    }
+
+    /// A query that costs more than any check needs is refused before anything is asked.
+    #[tokio::test]
+    async fn a_costly_query_is_invalid_and_not_sent() {
+        let (url, asked) = prometheus().await;
+        let a = analyzer(url, AnalysisLimits::default());
+        let app: App = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1beta1", "kind": "App", "metadata": {"name": "costly", "namespace": "shop"},
+            "spec": {"image": "registry.example.com/shop/costly", "version": "2", "replicas": 1,
+                     "rollout": {"analysis": {"metrics": [
+                         {"name": "everything", "query": "count_over_time(vector(1)[1d:1ms])", "max": 1}]}}}
+        }))
+        .expect("an App");
+        let run = a.measure(&app, "1", Asker { key: "shop", endpoints: &[] }, &Metrics::new().expect("metrics")).await;
+        let (result, message) = results(&run).remove(0);
+        assert_eq!(result, MeasurementResult::Invalid);
+        assert!(message.contains("check everything: the query selects no series"), "{message}");
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing was sent");
+    }
+
     /// A run that finds its tenant's turns all held (its Prometheus hangs) stops waiting
     /// after the turn wait, asks nothing and is inconclusive: a rollout never advances on
     /// it, and the reconcile that waited goes on. With a turn free it asks and passes.
     #[tokio::test]
     async fn a_run_that_gets_no_turn_is_inconclusive_and_asks_nothing() {
         let (url, asked) = prometheus().await;
-        let a = analyzer(url, AnalysisLimits { per_replica: 4, per_tenant: 1 });
+        let a = analyzer(url, AnalysisLimits { per_replica: 4, per_tenant: 1, ..Default::default() });
         let metrics = Metrics::new().expect("metrics");
         let held = turn(&a, "shop").await;
         assert!(held.is_some());
@@ -280,7 +403,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_that_gives_up_on_the_replicas_turns_holds_none() {
         let (url, asked) = prometheus().await;
-        let a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
+        let a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1, ..Default::default() });
         let metrics = Metrics::new().expect("metrics");
         let other = turn(&a, "bank").await;
         assert!(other.is_some());
@@ -299,7 +422,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_holds_its_turn_while_it_asks() {
         let (url, _) = hanging().await;
-        let a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
+        let a = analyzer(url, AnalysisLimits { per_replica: 1, per_tenant: 1, ..Default::default() });
         let run = tokio::spawn({
             let a = a.clone();
             async move {
@@ -338,7 +461,7 @@ mod tests {
     async fn a_dedicated_prometheus_that_did_not_answer_rests_for_that_tenant() {
         let (shared_url, shared_accepted) = hanging().await;
         let (url, accepted) = hanging().await;
-        let mut a = analyzer(shared_url, AnalysisLimits { per_replica: 1, per_tenant: 1 });
+        let mut a = analyzer(shared_url, AnalysisLimits { per_replica: 1, per_tenant: 1, ..Default::default() });
         a.client =
             PrometheusClient::with_timeouts(Duration::from_millis(300), Duration::from_millis(300)).expect("client");
         a.resting = Resting::new(Duration::from_secs(2));
@@ -399,7 +522,10 @@ mod tests {
     #[tokio::test]
     async fn a_run_that_waited_while_its_endpoint_came_to_rest_asks_nothing() {
         let (url, accepted) = hanging().await;
-        let mut a = analyzer("http://127.0.0.1:9".into(), AnalysisLimits { per_replica: 4, per_tenant: 1 });
+        let mut a = analyzer(
+            "http://127.0.0.1:9".into(),
+            AnalysisLimits { per_replica: 4, per_tenant: 1, ..Default::default() },
+        );
         a.client =
             PrometheusClient::with_timeouts(Duration::from_millis(300), Duration::from_millis(300)).expect("client");
         a.resting = Resting::new(Duration::from_secs(30));
@@ -431,7 +557,10 @@ mod tests {
     #[tokio::test]
     async fn a_dedicated_prometheus_that_accepts_no_connection_rests() {
         let (url, _held, _listener) = crate::rollout::prometheus::tests::unaccepting().await;
-        let mut a = analyzer("http://127.0.0.1:9".into(), AnalysisLimits { per_replica: 4, per_tenant: 1 });
+        let mut a = analyzer(
+            "http://127.0.0.1:9".into(),
+            AnalysisLimits { per_replica: 4, per_tenant: 1, ..Default::default() },
+        );
         a.client = PrometheusClient::with_timeouts(Duration::from_secs(5), Duration::from_millis(300)).expect("client");
         let metrics = Metrics::new().expect("metrics");
         let (dedicated, listed) = dedicated(&url);
@@ -459,7 +588,10 @@ mod tests {
     /// asked: the run gets no turn).
     #[tokio::test(start_paused = true)]
     async fn a_run_waits_for_a_turn_no_longer_than_the_turn_wait() {
-        let a = analyzer("http://127.0.0.1:9".into(), AnalysisLimits { per_replica: 1, per_tenant: 1 });
+        let a = analyzer(
+            "http://127.0.0.1:9".into(),
+            AnalysisLimits { per_replica: 1, per_tenant: 1, ..Default::default() },
+        );
         let metrics = Metrics::new().expect("metrics");
         let other = turn(&a, "bank").await;
         assert!(other.is_some(), "the replica's only turn, held all along");

@@ -6,6 +6,7 @@ pub mod endpoints;
 pub mod measure;
 pub mod planner;
 pub mod prometheus;
+pub mod query_cost;
 pub mod replicas;
 pub mod resting;
 pub mod scope;

@@ -193,6 +193,9 @@ pub struct Input<'a> {
     /// The checks just run, when the previous plan asked for them (`analysis_due`).
     pub measurements: Option<&'a [Measurement]>,
     pub now: Timestamp,
+    /// The shortest interval between analysis runs the platform allows: an App's shorter
+    /// `spec.rollout.analysis.interval` is raised to it.
+    pub min_interval: Duration,
 }
 
 /// The planner's decision.
@@ -247,7 +250,8 @@ struct Planner<'a> {
 /// Plans one reconcile of `input.app`.
 pub fn plan(input: &Input) -> Result<Plan, DurationError> {
     let app = input.app;
-    let settings = Settings::of(app)?;
+    let mut settings = Settings::of(app)?;
+    settings.interval = settings.interval.max(input.min_interval);
     let target = revision(&app.spec.version, app.spec.template.as_ref());
     // A blue-green App's Service selects the stable track unless its rollout says otherwise,
     // so that the new version's pods take traffic only when switched to.

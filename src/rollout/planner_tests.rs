@@ -111,6 +111,7 @@ struct Run<'a> {
     measurements: Option<Vec<Measurement>>,
     route: Option<Result<Option<i32>, String>>,
     quota: Option<String>,
+    min_interval: Duration,
     app: &'a App,
 }
 
@@ -118,7 +119,7 @@ impl<'a> Run<'a> {
     fn new(app: &'a App) -> Self {
         // A routed App's route is usable unless a test says otherwise.
         let route = app.spec.http_route().map(|_| Ok(Some(0)));
-        Self { stable: None, canary: None, measurements: None, route, quota: None, app }
+        Self { stable: None, canary: None, measurements: None, route, quota: None, min_interval: Duration::ZERO, app }
     }
     fn stable(mut self, version: &str, replicas: i32, ready: i32) -> Self {
         self.stable = Some(observed(self.app, Track::Stable, version, replicas, ready));
@@ -141,6 +142,10 @@ impl<'a> Run<'a> {
         self.route = Some(route);
         self
     }
+    fn min_interval(mut self, floor: Duration) -> Self {
+        self.min_interval = floor;
+        self
+    }
     fn measured(mut self, m: Vec<Measurement>) -> Self {
         self.measurements = Some(m);
         self
@@ -157,6 +162,7 @@ impl<'a> Run<'a> {
             },
             measurements: self.measurements.as_deref(),
             now: at(second),
+            min_interval: self.min_interval,
         };
         Plan::rendered(plan(&input).expect("plan"), self.app, self.stable.as_ref(), self.canary.as_ref())
     }
@@ -336,6 +342,46 @@ fn no_usable_data_pauses_and_never_advances() {
     let pass = vec![measurement(MeasurementResult::Pass, Some(0.0))];
     let back = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(pass).plan(23);
     assert_eq!(reasons(&back), ["AnalysisPassed", "StepCompleted"]);
+}
+
+/// What `app::status::run_may_wait` relies on: a passing run at a step held for a person
+/// changes nothing of the status but the analysis, so it need not be written; a failing one
+/// changes its failures.
+#[test]
+fn a_run_at_a_held_step_changes_only_the_analysis() {
+    let mut app = canary_app(5, &[20, 50], true);
+    if let Some(c) = app.spec.rollout.strategy.as_mut().and_then(|s| s.canary.as_mut()) {
+        c.steps[0].pause = Some(PAUSE_UNTIL_PROMOTED.into());
+    }
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+    let pass = |v| vec![measurement(MeasurementResult::Pass, Some(v))];
+    let first = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(pass(0.01)).plan(3);
+    let app = advance(&app, &first);
+    let again = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(pass(0.02)).plan(14);
+    assert_eq!(again.status.canary, first.status.canary, "still held at the first step");
+    assert_ne!(again.status.analysis, first.status.analysis, "a newer run, another value");
+    assert!(crate::app::status::run_may_wait(app.status.as_ref(), &again.status, at(14)), "{:#?}", again.status);
+    let fail = vec![measurement(MeasurementResult::Fail, Some(0.5))];
+    let failed = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).measured(fail).plan(14);
+    assert!(!crate::app::status::run_may_wait(app.status.as_ref(), &failed.status, at(14)));
+}
+
+#[test]
+fn the_platforms_floor_raises_a_shorter_interval() {
+    // The App asks for 10 s; the platform allows no run more often than every 30 s.
+    let app = canary_app(5, &[20, 50], true);
+    let app = advance(&app, &Run::new(&app).stable("1", 5, 5).plan(0));
+    let floor = Duration::from_secs(30);
+    let pass = vec![measurement(MeasurementResult::Pass, Some(0.01))];
+    let plan = Run::new(&app).stable("1", 4, 4).canary("2", 1, 1).min_interval(floor).measured(pass).plan(3);
+    assert_eq!(plan.recheck, Some(floor), "looked at again after the floor, not the App's 10 s");
+    let app = advance(&app, &plan);
+    let early = Run::new(&app).stable("1", 4, 4).canary("2", 3, 3).min_interval(floor).plan(20);
+    assert!(!early.analysis_due, "17 s after the last run: not due under a 30 s floor");
+    let without = Run::new(&app).stable("1", 4, 4).canary("2", 3, 3).plan(20);
+    assert!(without.analysis_due, "and due without it");
+    let due = Run::new(&app).stable("1", 4, 4).canary("2", 3, 3).min_interval(floor).plan(33);
+    assert!(due.analysis_due);
 }
 
 #[test]
@@ -565,6 +611,7 @@ fn the_stable_pod_template_is_kept_during_a_canary() {
         observed: Observed { stable: Some(&stable), canary: None, hpa: None, route: None, quota: None },
         measurements: None,
         now: at(0),
+        min_interval: Duration::ZERO,
     };
     let plan = Plan::rendered(plan(&input).expect("plan"), &changed, Some(&stable), None);
     let template = |d: &Deployment| d.spec.as_ref().map(|s| s.template.clone());

@@ -189,18 +189,27 @@ pub fn limit_range(namespace: &str, tenant: &Tenant) -> Option<LimitRange> {
 /// namespaces (`Tenant`, the default) or their own (`Namespace`), and from the namespaces the
 /// platform names (`platform`, the operator's `--network-policy-allowed-namespaces`, and the
 /// Tenant's `allowFromNamespaces`). `None` when the Tenant asks for no isolation.
-pub fn network_policy(namespace: &str, tenant: &Tenant, platform: &[String]) -> Option<NetworkPolicy> {
+///
+/// `owned` are the tenant's namespaces (those it lists that are not refused to it). Every
+/// peer is named by `kubernetes.io/metadata.name`, which the apiserver sets to the
+/// namespace's name and nobody can change: a label anyone who creates a namespace could write
+/// (such as `flotilla.dev/tenant`) would let that namespace's pods in.
+pub fn network_policy(
+    namespace: &str,
+    tenant: &Tenant,
+    owned: &[String],
+    platform: &[String],
+) -> Option<NetworkPolicy> {
     let wanted = tenant.spec.network_policy.clone().unwrap_or_default();
     let me = tenant_name(tenant);
     let own = match wanted.isolation.unwrap_or_default() {
         NetworkIsolation::None => return None,
-        NetworkIsolation::Tenant => NetworkPolicyPeer {
-            namespace_selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([(LABEL_TENANT.to_string(), me.clone())])),
-                ..LabelSelector::default()
-            }),
-            ..NetworkPolicyPeer::default()
-        },
+        NetworkIsolation::Tenant => {
+            let mut names: Vec<String> = owned.iter().chain([&namespace.to_string()]).cloned().collect();
+            names.sort();
+            names.dedup();
+            namespaces_named(names)
+        }
         NetworkIsolation::Namespace => {
             NetworkPolicyPeer { pod_selector: Some(LabelSelector::default()), ..NetworkPolicyPeer::default() }
         }
@@ -210,17 +219,7 @@ pub fn network_policy(namespace: &str, tenant: &Tenant, platform: &[String]) -> 
     others.dedup();
     let mut from = vec![own];
     if !others.is_empty() {
-        from.push(NetworkPolicyPeer {
-            namespace_selector: Some(LabelSelector {
-                match_expressions: Some(vec![LabelSelectorRequirement {
-                    key: NAMESPACE_NAME_LABEL.into(),
-                    operator: "In".into(),
-                    values: Some(others),
-                }]),
-                ..LabelSelector::default()
-            }),
-            ..NetworkPolicyPeer::default()
-        });
+        from.push(namespaces_named(others));
     }
     Some(NetworkPolicy {
         metadata: meta(NETWORK_POLICY, namespace, &me),
@@ -231,6 +230,21 @@ pub fn network_policy(namespace: &str, tenant: &Tenant, platform: &[String]) -> 
             egress: None,
         }),
     })
+}
+
+/// A peer of every pod in the namespaces `names` (sorted, deduplicated), by their names.
+fn namespaces_named(names: Vec<String>) -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: NAMESPACE_NAME_LABEL.into(),
+                operator: "In".into(),
+                values: Some(names),
+            }]),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    }
 }
 
 pub fn tenant_name(tenant: &Tenant) -> String {
@@ -365,16 +379,25 @@ mod tests {
             rules[0].from.iter().flatten().map(|peer| serde_json::to_string(peer).expect("json")).collect()
         };
         assert_eq!(
-            peers(network_policy("a", &t, &[])),
-            [r#"{"namespaceSelector":{"matchLabels":{"flotilla.dev/tenant":"team-a"}}}"#],
-            "by default: the tenant's own namespaces"
+            peers(network_policy("a", &t, &["c".into(), "b".into()], &[])),
+            [
+                r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["a","b","c"]}]}}"#
+            ],
+            "by default: the tenant's own namespaces, by the name the apiserver sets, never by a label anyone may write"
+        );
+        assert_eq!(
+            peers(network_policy("a", &t, &[], &[])),
+            [
+                r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["a"]}]}}"#
+            ],
+            "a tenant with no other namespace admits its own"
         );
         t.spec.network_policy = Some(TenantNetworkPolicy {
             isolation: Some(NetworkIsolation::Namespace),
             allow_from_namespaces: vec!["monitoring".into(), "ingress".into()],
         });
         assert_eq!(
-            peers(network_policy("a", &t, &["ingress".into()])),
+            peers(network_policy("a", &t, &[], &["ingress".into()])),
             [
                 r#"{"podSelector":{}}"#.to_string(),
                 r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["ingress","monitoring"]}]}}"#.to_string(),
@@ -382,7 +405,7 @@ mod tests {
         );
         t.spec.network_policy =
             Some(TenantNetworkPolicy { isolation: Some(NetworkIsolation::None), ..Default::default() });
-        assert!(network_policy("a", &t, &["ingress".into()]).is_none());
+        assert!(network_policy("a", &t, &[], &["ingress".into()]).is_none());
     }
 
     #[test]

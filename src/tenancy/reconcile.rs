@@ -121,44 +121,50 @@ pub fn error_policy(tenant: Arc<Tenant>, err: &TenantError, _ctx: Arc<TenantCont
 /// How many namespaces of one Tenant are onboarded at once.
 const ONBOARD_CONCURRENCY: usize = 8;
 
+/// What onboarding found for one namespace a Tenant lists: the namespace as read and what
+/// may be done with it, or the state to report when it could not be read.
+type Found = Result<(Option<Namespace>, Decision), NamespaceStatus>;
+
+/// Reads one namespace a Tenant lists and decides whether the Tenant may onboard it.
+async fn read_and_decide(ns: &str, me: &str, namespaces: &Api<Namespace>, ctx: &TenantContext) -> Found {
+    let existing = namespaces.get_opt(ns).await.map_err(|source| {
+        let err = TenantError::Api {
+            action: "reading",
+            kind: "Namespace",
+            namespace: String::new(),
+            name: ns.into(),
+            source,
+        };
+        NamespaceStatus { name: ns.into(), state: NamespaceState::Error, message: err.to_string() }
+    })?;
+    let decision = decide(ns, me, existing.as_ref().map(|n| n.labels()), &ctx.operator.namespace, &ctx.protection);
+    Ok((existing, decision))
+}
+
 /// Onboards one namespace of a Tenant; the state to report, and whether a namespace that
-/// stays served had an error (the Tenant is then looked at again soon).
+/// stays served had an error (the Tenant is then looked at again soon). `owned` are the
+/// Tenant's namespaces that are not refused to it (its NetworkPolicy's peers).
 async fn onboard_one(
     tenant: &Tenant,
-    ns: &String,
-    me: &str,
-    namespaces: &Api<Namespace>,
+    ns: &str,
+    found: Found,
+    owned: &[String],
     ctx: &TenantContext,
 ) -> (NamespaceStatus, bool) {
-    let existing = match namespaces.get_opt(ns).await {
-        Ok(n) => n,
-        Err(source) => {
-            let err = TenantError::Api {
-                action: "reading",
-                kind: "Namespace",
-                namespace: String::new(),
-                name: ns.clone(),
-                source,
-            };
-            return (
-                NamespaceStatus { name: ns.clone(), state: NamespaceState::Error, message: err.to_string() },
-                false,
-            );
-        }
+    let existing = match found {
+        Ok((_, Decision::Refused(refused))) => return (refused, false),
+        Ok((existing, _)) => existing,
+        Err(unread) => return (unread, false),
     };
-    let decision = decide(ns, me, existing.as_ref().map(|n| n.labels()), &ctx.operator.namespace, &ctx.protection);
-    if let Decision::Refused(refused) = decision {
-        return (refused, false);
-    }
     let was_onboarded = tenant
         .status
         .iter()
         .flat_map(|s| s.namespaces.iter())
-        .any(|n| &n.name == ns && n.state == NamespaceState::Onboarded);
-    match onboard_namespace(tenant, ns, existing.as_ref(), ctx).await {
+        .any(|n| n.name == ns && n.state == NamespaceState::Onboarded);
+    match onboard_namespace(tenant, ns, existing.as_ref(), owned, ctx).await {
         Ok(()) => (
             NamespaceStatus {
-                name: ns.clone(),
+                name: ns.into(),
                 state: NamespaceState::Onboarded,
                 message: format!("Flotilla manages Apps here through RoleBinding {OPERATOR_BINDING}"),
             },
@@ -168,24 +174,39 @@ async fn onboard_one(
         // RoleBindings are most likely still there); the message says what failed.
         Err(e) if was_onboarded => (
             NamespaceStatus {
-                name: ns.clone(),
+                name: ns.into(),
                 state: NamespaceState::Onboarded,
                 message: format!("re-applying onboarding failed, retrying: {e}"),
             },
             true,
         ),
-        Err(e) => (NamespaceStatus { name: ns.clone(), state: NamespaceState::Error, message: e.to_string() }, false),
+        Err(e) => (NamespaceStatus { name: ns.into(), state: NamespaceState::Error, message: e.to_string() }, false),
     }
 }
 
 async fn onboard(tenant: &Tenant, ctx: &TenantContext) -> Result<Action, TenantError> {
     let me = tenant_name(tenant);
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
-    // Namespaces are onboarded a few at a time: one after the other, a Tenant of a hundred
-    // namespaces took minutes on a busy apiserver. Order is kept for the status.
+    // Namespaces are read and onboarded a few at a time: one after the other, a Tenant of a
+    // hundred namespaces took minutes on a busy apiserver. Order is kept for the status. All
+    // are decided first: each one's NetworkPolicy names the others the Tenant owns.
     let (me_ref, namespaces_ref) = (&me, &namespaces);
-    let results: Vec<(NamespaceStatus, bool)> = futures::stream::iter(tenant.spec.namespaces.clone())
-        .map(|ns| async move { onboard_one(tenant, &ns, me_ref, namespaces_ref, ctx).await })
+    let found: Vec<(String, Found)> = futures::stream::iter(tenant.spec.namespaces.clone())
+        .map(|ns| async move {
+            let found = read_and_decide(&ns, me_ref, namespaces_ref, ctx).await;
+            (ns, found)
+        })
+        .buffered(ONBOARD_CONCURRENCY)
+        .collect()
+        .await;
+    let owned: Vec<String> = found
+        .iter()
+        .filter(|(_, f)| matches!(f, Ok((_, Decision::Create | Decision::Adopt | Decision::Owned))))
+        .map(|(ns, _)| ns.clone())
+        .collect();
+    let owned_ref = &owned;
+    let results: Vec<(NamespaceStatus, bool)> = futures::stream::iter(found)
+        .map(|(ns, found)| async move { onboard_one(tenant, &ns, found, owned_ref, ctx).await })
         .buffered(ONBOARD_CONCURRENCY)
         .collect()
         .await;
@@ -261,6 +282,7 @@ async fn onboard_namespace(
     tenant: &Tenant,
     ns: &str,
     existing: Option<&Namespace>,
+    owned: &[String],
     ctx: &TenantContext,
 ) -> Result<(), TenantError> {
     let me = tenant_name(tenant);
@@ -309,7 +331,7 @@ async fn onboard_namespace(
         None => delete(&limits, LIMIT_RANGE, "LimitRange").await?,
     }
     let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
-    match network_policy(ns, tenant, &ctx.network_allowed) {
+    match network_policy(ns, tenant, owned, &ctx.network_allowed) {
         Some(p) => apply_with(&policies, NETWORK_POLICY, &p, "NetworkPolicy", true).await?,
         None => delete(&policies, NETWORK_POLICY, "NetworkPolicy").await?,
     }

@@ -24,24 +24,43 @@ use crate::sharding::shard_of;
 use crate::watch_cache::cache;
 
 /// Namespaces some Tenant (not being deleted) reports as onboarded, with that Tenant's name. Pure.
+///
+/// A namespace two Tenants report at once (a cluster admin handed it over, and the former
+/// owner's status has not caught up yet) is served by neither until only one reports it:
+/// serving it for the former owner would let its Apps use that owner's Prometheus endpoints.
 pub fn served_namespaces<'a>(tenants: impl IntoIterator<Item = &'a Tenant>) -> BTreeMap<String, String> {
-    tenants
+    let mut claims: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for t in tenants.into_iter().filter(|t| t.metadata.deletion_timestamp.is_none()) {
+        let name = t.metadata.name.clone().unwrap_or_default();
+        let onboarded =
+            t.status.iter().flat_map(|s| s.namespaces.iter()).filter(|n| n.state == NamespaceState::Onboarded);
+        for n in onboarded {
+            claims.entry(n.name.clone()).or_default().push(name.clone());
+        }
+    }
+    claims
         .into_iter()
-        .filter(|t| t.metadata.deletion_timestamp.is_none())
-        .flat_map(|t| {
-            let name = t.metadata.name.clone().unwrap_or_default();
-            t.status
-                .iter()
-                .flat_map(|s| s.namespaces.iter())
-                .filter(|n| n.state == NamespaceState::Onboarded)
-                .map(move |n| (n.name.clone(), name.clone()))
+        .filter_map(|(ns, mut owners)| {
+            owners.dedup();
+            match owners.as_slice() {
+                [one] => Some((ns, one.clone())),
+                _ => {
+                    warn!(namespace = ns, tenants = ?owners, "reported onboarded by more than one Tenant: served by none until one is left");
+                    None
+                }
+            }
         })
         .collect()
 }
 
-/// What to start and stop to go from `running` to `wanted`. Pure.
-pub fn changes(running: &BTreeSet<String>, wanted: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
-    (wanted.difference(running).cloned().collect(), running.difference(wanted).cloned().collect())
+/// What to start and stop to go from `running` to `wanted` (namespace to owning Tenant). Pure.
+/// A namespace whose owner changed is stopped and started again: its controller holds the
+/// Tenant it was started for (its Prometheus endpoints, its policy).
+pub fn changes(running: &BTreeMap<String, String>, wanted: &BTreeMap<String, String>) -> (Vec<String>, Vec<String>) {
+    let moved = |ns: &String| running.get(ns).is_some_and(|owner| wanted.get(ns) != Some(owner));
+    let start = wanted.keys().filter(|ns| !running.contains_key(*ns) || moved(ns)).cloned().collect();
+    let stop = running.keys().filter(|ns| !wanted.contains_key(*ns) || moved(ns)).cloned().collect();
+    (start, stop)
 }
 
 /// The connections of served namespaces, handed in by the wiring (which packs a few
@@ -64,6 +83,8 @@ struct WorkerContext<'a> {
 }
 
 struct NamespaceWorker {
+    /// The Tenant the controller was started for.
+    tenant: String,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -71,14 +92,13 @@ struct NamespaceWorker {
 /// Starts an App controller for each newly served namespace and stops those no longer served.
 async fn converge_workers(
     workers: &mut BTreeMap<String, NamespaceWorker>,
-    wanted: &BTreeSet<String>,
-    owners: &BTreeMap<String, String>,
+    wanted: &BTreeMap<String, String>,
     clients: &mut dyn NamespaceConnections,
     with: WorkerContext<'_>,
     stop_within: Duration,
 ) -> Vec<String> {
     let WorkerContext { shared, fence, tenants } = with;
-    let running: BTreeSet<String> = workers.keys().cloned().collect();
+    let running: BTreeMap<String, String> = workers.iter().map(|(ns, w)| (ns.clone(), w.tenant.clone())).collect();
     let (start, stop) = changes(&running, wanted);
     let stopping: Vec<(String, NamespaceWorker)> =
         stop.into_iter().filter_map(|ns| workers.remove(&ns).map(|w| (ns, w))).collect();
@@ -90,19 +110,20 @@ async fn converge_workers(
     // moment to be answered before the shard manager may hand the Lease to a peer.
     let cancelled = stop_workers(stopping, stop_within, |_| {}).await;
     for ns in start {
-        info!(namespace = ns, "onboarded; starting its App controller");
+        let Some(tenant) = wanted.get(&ns).cloned() else { continue };
+        info!(namespace = ns, tenant, "onboarded; starting its App controller");
         let (stop_tx, mut stop_rx) = watch::channel(false);
         let run = app_controller(
             clients.for_namespace(&ns),
             Scope::Namespace(ns.clone()),
             shared.clone(),
-            Some(ServedBy { fence: fence.clone(), tenant: owners.get(&ns).cloned(), tenants: Some(tenants.clone()) }),
+            Some(ServedBy { fence: fence.clone(), tenant: Some(tenant.clone()), tenants: Some(tenants.clone()) }),
             Arc::new(AtomicBool::new(false)),
             async move {
                 let _ = stop_rx.wait_for(|s| *s).await;
             },
         );
-        workers.insert(ns, NamespaceWorker { stop: stop_tx, task: tokio::spawn(run) });
+        workers.insert(ns, NamespaceWorker { tenant, stop: stop_tx, task: tokio::spawn(run) });
     }
     shared.metrics.namespaces_served(workers.len());
     shared.metrics.namespace_connections(clients.connections());
@@ -236,12 +257,14 @@ pub async fn serve_onboarded_namespaces(
         ready.store(true, Ordering::SeqCst);
         let held = held_rx.borrow_and_update().clone();
         let owners = served_namespaces(tenants.state().iter().map(|t| t.as_ref()));
-        let wanted: BTreeSet<String> =
-            owners.keys().filter(|ns| held.contains(&shard_of(ns, shards))).cloned().collect();
+        let wanted: BTreeMap<String, String> = owners
+            .iter()
+            .filter(|(ns, _)| held.contains(&shard_of(ns, shards)))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
         let cancelled = converge_workers(
             &mut workers,
             &wanted,
-            &owners,
             namespaces.as_mut(),
             WorkerContext { shared: &shared, fence: &fence, tenants: &tenants },
             stop_within,
@@ -257,7 +280,7 @@ pub async fn serve_onboarded_namespaces(
             workers.keys().map(|ns| shard_of(ns, shards)).chain(lingering.keys().copied()).collect();
         working_tx.send_replace(working);
         let onboarded = Arc::new(owners.keys().cloned().collect());
-        let ownership = Ownership { shards, held, served: wanted, onboarded };
+        let ownership = Ownership { shards, held, served: wanted.into_keys().collect(), onboarded };
         ownership_tx.send_if_modified(|current| {
             if *current != ownership {
                 *current = ownership;
@@ -338,10 +361,27 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_two_tenants_report_is_served_by_neither() {
+        let mut a = tenant(&[("shared", NamespaceState::Onboarded), ("a1", NamespaceState::Onboarded)]);
+        a.metadata.name = Some("a".into());
+        let mut b = tenant(&[("shared", NamespaceState::Onboarded)]);
+        b.metadata.name = Some("b".into());
+        let served = served_namespaces([&a, &b]);
+        assert_eq!(served, BTreeMap::from([("a1".to_string(), "a".to_string())]));
+    }
+
+    #[test]
     fn start_and_stop_sets() {
-        let running: BTreeSet<String> = ["a", "b"].map(String::from).into();
-        let wanted: BTreeSet<String> = ["b", "c"].map(String::from).into();
-        assert_eq!(changes(&running, &wanted), (vec!["c".to_string()], vec!["a".to_string()]));
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect()
+        };
+        let running = map(&[("a", "t"), ("b", "t"), ("moved", "old")]);
+        let wanted = map(&[("b", "t"), ("c", "t"), ("moved", "new")]);
+        assert_eq!(
+            changes(&running, &wanted),
+            (vec!["c".to_string(), "moved".to_string()], vec!["a".to_string(), "moved".to_string()]),
+            "a namespace handed to another Tenant is restarted under its new owner"
+        );
     }
 
     /// A worker that stops `after` its stop signal (or never, with `None`).
@@ -354,7 +394,7 @@ mod tests {
                 None => std::future::pending().await,
             }
         });
-        NamespaceWorker { stop, task }
+        NamespaceWorker { tenant: "t".into(), stop, task }
     }
 
     #[tokio::test(start_paused = true)]

@@ -292,11 +292,18 @@ impl Operator {
         // No memory budget from the cgroup the tests happen to run in, unless the test sets one.
         let budget: &[&str] =
             if args.iter().any(|a| a.starts_with("--memory-budget")) { &[] } else { &["--memory-budget", "unlimited"] };
+        // The tests' Apps measure every second or two, under the platform's default floor.
+        let floor: &[&str] = if args.iter().any(|a| a.starts_with("--analysis-min-interval")) {
+            &[]
+        } else {
+            &["--analysis-min-interval", "1s"]
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .arg("run")
             .args(args)
             .args(webhook)
             .args(budget)
+            .args(floor)
             .args(["--admin-addr", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
             .arg(kubeconfig)
