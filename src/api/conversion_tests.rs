@@ -275,6 +275,19 @@ fn network_policy() -> impl Strategy<Value = TenantNetworkPolicy> {
         .prop_map(|(isolation, allow_from_namespaces)| TenantNetworkPolicy { isolation, allow_from_namespaces })
 }
 
+fn pod_policy() -> impl Strategy<Value = crate::api::TenantPodPolicy> {
+    (vec("[a-z]{1,8}", 0..3), vec("[a-z]{1,8}", 0..2), btree_map("[a-z./]{1,12}", "[a-z0-9]{0,6}", 0..3)).prop_map(
+        |(classes, keys, node_selector)| crate::api::TenantPodPolicy {
+            allowed_priority_classes: classes.clone(),
+            allowed_runtime_classes: keys.clone(),
+            node_selector,
+            allowed_toleration_keys: keys,
+            allowed_csi_drivers: classes.clone(),
+            allowed_token_audiences: classes,
+        },
+    )
+}
+
 fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
     (
         vec("[a-z]{1,8}", 0..4),
@@ -285,9 +298,20 @@ fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
         prometheus_endpoints(),
         of(limit_range()),
         of(network_policy()),
+        of(pod_policy()),
     )
         .prop_map(
-            |(namespaces, admins, quota, delete, pod_security, prometheus_endpoints, limit_range, network_policy)| {
+            |(
+                namespaces,
+                admins,
+                quota,
+                delete,
+                pod_security,
+                prometheus_endpoints,
+                limit_range,
+                network_policy,
+                pod_policy,
+            )| {
                 v1beta1::TenantSpec {
                     namespaces,
                     admins,
@@ -301,6 +325,7 @@ fn beta_tenant() -> impl Strategy<Value = v1beta1::TenantSpec> {
                     prometheus_endpoints,
                     limit_range,
                     network_policy,
+                    pod_policy,
                 }
             },
         )
@@ -316,6 +341,7 @@ fn alpha_tenant() -> impl Strategy<Value = v1alpha1::TenantSpec> {
         prometheus_endpoints(),
         of(limit_range()),
         of(network_policy()),
+        of(pod_policy()),
     )
         .prop_map(
             |(
@@ -327,6 +353,7 @@ fn alpha_tenant() -> impl Strategy<Value = v1alpha1::TenantSpec> {
                 prometheus_endpoints,
                 limit_range,
                 network_policy,
+                pod_policy,
             )| {
                 v1alpha1::TenantSpec {
                     namespaces,
@@ -337,6 +364,7 @@ fn alpha_tenant() -> impl Strategy<Value = v1alpha1::TenantSpec> {
                     prometheus_endpoints,
                     limit_range,
                     network_policy,
+                    pod_policy,
                 }
             },
         )

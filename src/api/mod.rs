@@ -28,7 +28,9 @@ pub use tenant::{
     EnforceLevel, NamespaceState, NamespaceStatus, PodSecurity, PodSecurityLevel, Subject, SubjectKind, TenantQuota,
     TenantStatus,
 };
-pub use tenant::{NetworkIsolation, PrometheusIsolation, TenantLimitRange, TenantNetworkPolicy, TenantPrometheus};
+pub use tenant::{
+    NetworkIsolation, PrometheusIsolation, TenantLimitRange, TenantNetworkPolicy, TenantPodPolicy, TenantPrometheus,
+};
 pub use v1beta1::{App, AppSpec, NamespaceRemovalPolicy, RolloutSpec, Tenant, TenantSpec};
 
 /// API group of every Flotilla resource.

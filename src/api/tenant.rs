@@ -58,6 +58,45 @@ impl From<&NonNegativeQuantity> for Quantity {
     }
 }
 
+/// What the pods of a tenant's Apps may ask for beyond Pod Security, set by the platform:
+/// where they may run and with what. Each list is what is allowed (empty: nothing); a pod
+/// that asks for anything else is refused, naming the field. Unset: no limit beyond Pod
+/// Security and the platform's own admission.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantPodPolicy {
+    /// PriorityClasses a template may name in `priorityClassName` (a high one preempts other
+    /// tenants' pods).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 253)))]
+    pub allowed_priority_classes: Vec<String>,
+    /// RuntimeClasses a template may name in `runtimeClassName` (leaving a sandbox the
+    /// platform defaults).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 253)))]
+    pub allowed_runtime_classes: Vec<String>,
+    /// Node labels every pod must select: a template's `nodeSelector` must carry each of
+    /// these, with this value (so the tenant's pods land on its nodes only). `nodeName` is
+    /// refused whenever a pod policy is set (it skips the scheduler).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taint keys a template may tolerate (a toleration of every key, with no key, is never
+    /// allowed): the control plane's and other tenants' dedicated nodes stay out of reach.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 317)))]
+    pub allowed_toleration_keys: Vec<String>,
+    /// CSI drivers a template may use in inline (`csi`) volumes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 63)))]
+    pub allowed_csi_drivers: Vec<String>,
+    /// Audiences a template may ask projected ServiceAccount tokens for (a token for another
+    /// service's audience lets the pod act as its ServiceAccount there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 253)))]
+    pub allowed_token_audiences: Vec<String>,
+}
+
 /// A LimitRange each tenant namespace gets: per-container defaults and bounds, so that pods
 /// which set no resources still fit a `requests.*` or `limits.*` quota and can be
 /// autoscaled on CPU. Keys are resource names (`cpu`, `memory`, `ephemeral-storage`).

@@ -149,4 +149,11 @@ pub struct TenantSpec {
     /// namespaces (and the platform's, named on the operator) only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<TenantNetworkPolicy>,
+
+    /// What the pods of the tenant's Apps may ask for beyond Pod Security: priority and
+    /// runtime classes, the nodes they select, tolerations, inline CSI drivers, token
+    /// audiences. Enforced by the operator and, at admission, by the ValidatingAdmissionPolicy
+    /// flotilla-tenant-pod-policy. Unset: no such limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_policy: Option<crate::api::TenantPodPolicy>,
 }

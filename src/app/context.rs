@@ -308,6 +308,13 @@ impl Context {
         self.analyzer.refusal(app, tenant.as_ref().map(|t| t.spec.prometheus_endpoints.as_slice()).unwrap_or_default())
     }
 
+    /// What `app`'s pod asks for that its Tenant's pod policy does not allow, if anything.
+    pub fn pod_policy_violation(&self, app: &crate::api::App) -> Option<crate::app::tenant_pods::Violation> {
+        let tenant = self.tenant_of(app.metadata.namespace.as_deref().unwrap_or_default())?;
+        let policy = tenant.spec.pod_policy.as_ref()?;
+        crate::app::tenant_pods::check(policy, app.spec.template.as_ref())
+    }
+
     /// The Tenant of this controller, when it has `namespace` onboarded.
     fn tenant_of(&self, namespace: &str) -> Option<Arc<Tenant>> {
         self.tenant

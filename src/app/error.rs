@@ -21,6 +21,8 @@ pub enum ReconcileError {
     },
     #[error("App {namespace}/{name}: {}", crate::app::pod_policy::PodPolicy::message(.field, .keys))]
     PodAnnotationsDenied { namespace: String, name: String, field: &'static str, keys: Vec<String> },
+    #[error("App {namespace}/{name}: {violation} (the Tenant's spec.podPolicy)")]
+    PodPolicyDenied { namespace: String, name: String, violation: crate::app::tenant_pods::Violation },
     #[error(
         "App {namespace}/{name}: spec.template is {bytes} bytes of JSON, more than the {limit} an App's pod may take (its status keeps a copy, and each Deployment another)"
     )]
@@ -173,6 +175,7 @@ impl ReconcileError {
                 | Self::InvalidSettings { .. }
                 | Self::NotStored { .. }
                 | Self::PodAnnotationsDenied { .. }
+                | Self::PodPolicyDenied { .. }
                 | Self::TemplateTooLarge { .. },
                 _,
             ) => ErrorClass::Invalid,
@@ -203,6 +206,7 @@ impl ReconcileError {
                 Self::InvalidApp { .. } | Self::InvalidSettings { .. } => "InvalidSpec",
                 Self::NameConflict { .. } => "NameConflict",
                 Self::PodAnnotationsDenied { .. } => "PodAnnotationDenied",
+                Self::PodPolicyDenied { .. } => "PodPolicyDenied",
                 Self::TemplateTooLarge { .. } => "TemplateTooLarge",
                 _ => "ReconcileError",
             },

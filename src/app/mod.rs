@@ -20,5 +20,6 @@ pub mod route;
 pub mod service_projection;
 pub mod service_routing;
 pub mod status;
+pub mod tenant_pods;
 
 pub use context::Context;

@@ -206,6 +206,12 @@ async fn reconcile_app(
             ReconcileError::PodAnnotationsDenied { namespace: namespace.clone(), name: name.clone(), field, keys };
         return Err(refuse(&app, ctx, err).await);
     }
+    // Refused before anything is planned: a pod its Tenant's pod policy does not allow (a
+    // priority class that preempts other tenants, a node of another tenant's pool).
+    if let Some(violation) = ctx.pod_policy_violation(&app) {
+        let err = ReconcileError::PodPolicyDenied { namespace: namespace.clone(), name: name.clone(), violation };
+        return Err(refuse(&app, ctx, err).await);
+    }
     // The state of the ConfigMaps the pods read is part of the template (`app::config`): a
     // change of one is a new revision, rolled out by the App's strategy.
     if let Some(template) = app.spec.template.take() {

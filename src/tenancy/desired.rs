@@ -330,6 +330,7 @@ mod tests {
                 prometheus_endpoints: Vec::new(),
                 limit_range: None,
                 network_policy: None,
+                pod_policy: None,
             },
         );
         t.metadata.generation = Some(2);
