@@ -292,10 +292,17 @@ fn main() -> ExitCode {
                             .protected_namespaces
                             .into_iter()
                             .chain(args.network_policy_allowed_namespaces.iter().cloned())
+                            .chain(args.network_policy_egress_denied_namespaces.iter().cloned())
                             .collect(),
                         labels: args.protected_namespace_labels,
                     },
                     network_allowed_namespaces: args.network_policy_allowed_namespaces,
+                    network_egress: (!args.network_policy_egress_denied_namespaces.is_empty()).then_some(
+                        flotilla::tenancy::desired::EgressPolicy {
+                            denied_namespaces: args.network_policy_egress_denied_namespaces,
+                            cluster_cidrs: args.network_policy_cluster_cidrs,
+                        },
+                    ),
                 };
                 match flotilla::operator::run(settings).await {
                     Ok(()) => ExitCode::SUCCESS,

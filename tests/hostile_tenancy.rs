@@ -391,7 +391,7 @@ fn as_robot(args: &[&str]) -> (bool, String) {
 /// tenant's network, pre-claim a namespace for a tenant, pick its shard or protect it); the
 /// tenant's NetworkPolicy names its peers by the name the apiserver sets; a namespace the
 /// creator made for a Tenant is onboarded only through adoption.
-async fn namespace_creator_cannot_forge_trusted_labels(client: Client) {
+async fn namespace_creator_cannot_forge_trusted_labels(client: Client, monitoring: String) {
     let (t, home, spy, later) = (unique("ten-forge"), unique("home"), unique("spy"), unique("later"));
     let _ = kubectl_try(&[
         "create",
@@ -444,10 +444,15 @@ async fn namespace_creator_cannot_forge_trusted_labels(client: Client) {
         .get("flotilla-tenant")
         .await
         .expect("the tenant's NetworkPolicy");
-    let peers = serde_json::to_value(policy.spec.and_then(|s| s.ingress)).expect("json");
+    let policy_spec = policy.spec.unwrap_or_default();
+    let peers = serde_json::to_value(&policy_spec.ingress).expect("json");
     let text = peers.to_string();
     assert!(!text.contains("flotilla.dev/tenant"), "no peer by a label anyone may write: {text}");
     assert!(text.contains("kubernetes.io/metadata.name") && text.contains(&home) && !text.contains(&spy), "{text}");
+    // Its pods may reach neither the platform's monitoring namespace, by name or by address.
+    let egress = serde_json::to_value(&policy_spec.egress).expect("json").to_string();
+    assert!(egress.contains("NotIn") && egress.contains(&monitoring) && egress.contains("10.0.0.0/8"), "{egress}");
+    assert_eq!(policy_spec.policy_types, Some(vec!["Ingress".to_string(), "Egress".to_string()]));
 
     // A namespace the creator made before the Tenant lists it: only through adoption.
     let (ok, out) = as_robot(&["create", "namespace", &later]);
@@ -691,15 +696,18 @@ async fn the_tenant_boundary_holds() {
     let kubeconfig = operator_kubeconfig("hostile-tenancy");
     let operator = client_of(&kubeconfig).await;
     let allowed = unique("ingress");
-    let _operator =
-        Operator::start_with(&kubeconfig, &["--network-policy-allowed-namespaces", &allowed], "hostile-tenancy").await;
+    let monitoring = unique("monitoring");
+    let egress =
+        ["--network-policy-egress-denied-namespaces", &monitoring, "--network-policy-cluster-cidrs", "10.0.0.0/8"];
+    let args: Vec<&str> = ["--network-policy-allowed-namespaces", &allowed].into_iter().chain(egress).collect();
+    let _operator = Operator::start_with(&kubeconfig, &args, "hostile-tenancy").await;
     tokio::join!(
         foreign_namespace_needs_adoption(client.clone()),
         protected_namespaces_are_never_claimed(client.clone(), allowed.clone()),
         ownership_never_moves(client.clone()),
         operator_token_is_fenced(client.clone(), operator.clone()),
         operator_token_cannot_rewrite_tenants(client.clone(), operator),
-        namespace_creator_cannot_forge_trusted_labels(client.clone()),
+        namespace_creator_cannot_forge_trusted_labels(client.clone(), monitoring.clone()),
         tenant_pod_policy_is_enforced(client.clone()),
         restricted_tenant_runs_flotillas_pods(client.clone()),
         reserved_pod_annotations_are_refused(client.clone()),

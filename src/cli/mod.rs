@@ -141,6 +141,16 @@ pub struct RunArgs {
     /// admits them.
     #[arg(long, env = "FLOTILLA_NETWORK_POLICY_ALLOWED_NAMESPACES", value_delimiter = ',')]
     pub network_policy_allowed_namespaces: Vec<String>,
+    /// Namespaces whose pods no tenant's pod may reach (the platform's Prometheus and
+    /// Alertmanager), by name, comma-separated: each tenant namespace's NetworkPolicy then
+    /// limits egress to every other namespace and to addresses outside
+    /// --network-policy-cluster-cidrs (give the cluster's pod and Service ranges there).
+    #[arg(long, env = "FLOTILLA_NETWORK_POLICY_EGRESS_DENIED_NAMESPACES", value_delimiter = ',')]
+    pub network_policy_egress_denied_namespaces: Vec<String>,
+    /// The cluster's pod and Service address ranges (comma-separated CIDRs), left out of the
+    /// egress to addresses outside the cluster.
+    #[arg(long, env = "FLOTILLA_NETWORK_POLICY_CLUSTER_CIDRS", value_delimiter = ',', value_parser = parse_cidr, requires = "network_policy_egress_denied_namespaces")]
+    pub network_policy_cluster_cidrs: Vec<String>,
     /// Labels that protect a namespace from every Tenant: `key` (any value) or `key=value`
     /// (comma-separated).
     #[arg(long, env = "FLOTILLA_PROTECTED_NAMESPACE_LABELS", value_delimiter = ',', default_values = crate::tenancy::claim::DEFAULT_PROTECTED_LABELS)]
@@ -292,6 +302,15 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         "s" => Ok(std::time::Duration::from_secs(n)),
         "m" => Ok(std::time::Duration::from_secs(n.saturating_mul(60))),
         _ => Err(format!("invalid duration unit in {s:?}: use ms, s or m")),
+    }
+}
+
+/// `--network-policy-cluster-cidrs`: an address range such as 10.0.0.0/8.
+pub fn parse_cidr(s: &str) -> Result<String, String> {
+    if crate::tenancy::desired::is_cidr(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not an address range (for example 10.244.0.0/16 or fd00::/8)"))
     }
 }
 

@@ -54,6 +54,8 @@ pub struct Settings {
     pub protection: crate::tenancy::claim::Protection,
     /// Namespaces every tenant namespace's NetworkPolicy admits traffic from.
     pub network_allowed_namespaces: Vec<String>,
+    /// Where the pods of tenant namespaces may not send (`None`: egress is not limited).
+    pub network_egress: Option<crate::tenancy::desired::EgressPolicy>,
     pub sharding: ShardSettings,
     /// Prometheus queried by Apps whose analysis names none.
     pub prometheus_url: Option<String>,
@@ -129,6 +131,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>, replica_id: &str) 
         identity: OperatorIdentity { namespace: String::new(), service_account: String::new() },
         protection: Default::default(),
         network_allowed_namespaces: Vec::new(),
+        network_egress: None,
         sharding: ShardSettings::default(),
         prometheus_url: None,
         analysis_limits: AnalysisLimits::default(),
@@ -205,6 +208,11 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
         tracing::debug!(
             bytes = heap_trim::MMAP_THRESHOLD,
             "blocks from this size are mapped apart and unmapped when freed"
+        );
+    }
+    if settings.network_egress.as_ref().is_some_and(|e| e.cluster_cidrs.is_empty()) {
+        tracing::warn!(
+            "--network-policy-egress-denied-namespaces without --network-policy-cluster-cidrs: tenants' egress to any address is allowed, and network plugins that match pod addresses by ipBlock let them reach the denied namespaces' pods by address; give the cluster's pod and Service ranges"
         );
     }
     if settings.network_allowed_namespaces.is_empty() {
@@ -395,6 +403,7 @@ pub async fn run(settings: Settings) -> Result<(), OperatorError> {
                     operator: settings.identity.clone(),
                     protection: settings.protection.clone(),
                     network_allowed: settings.network_allowed_namespaces.clone(),
+                    network_egress: settings.network_egress.clone(),
                     shards: settings.sharding.shards,
                 },
                 reporter.clone(),

@@ -24,6 +24,8 @@ pub struct TenantSettings {
     pub protection: Protection,
     /// Namespaces every tenant namespace admits traffic from.
     pub network_allowed: Vec<String>,
+    /// Where tenants' pods may not send.
+    pub network_egress: Option<crate::tenancy::desired::EgressPolicy>,
     /// The shard count, for the namespaces' shard label.
     pub shards: u32,
 }
@@ -45,6 +47,7 @@ pub fn tenant_controller(
         operator: settings.operator,
         protection: settings.protection,
         network_allowed: settings.network_allowed,
+        network_egress: settings.network_egress,
         shards: settings.shards,
     });
     async move {

@@ -3,7 +3,9 @@
 use k8s_openapi::api::core::v1::{
     LimitRange, LimitRangeItem, LimitRangeSpec, Namespace, ResourceQuota, ResourceQuotaSpec,
 };
-use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
+};
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject as RbacSubject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
@@ -199,6 +201,7 @@ pub fn network_policy(
     tenant: &Tenant,
     owned: &[String],
     platform: &[String],
+    egress: Option<&EgressPolicy>,
 ) -> Option<NetworkPolicy> {
     let wanted = tenant.spec.network_policy.clone().unwrap_or_default();
     let me = tenant_name(tenant);
@@ -221,15 +224,68 @@ pub fn network_policy(
     if !others.is_empty() {
         from.push(namespaces_named(others));
     }
+    let types = if egress.is_some() { vec!["Ingress".into(), "Egress".into()] } else { vec!["Ingress".into()] };
     Some(NetworkPolicy {
         metadata: meta(NETWORK_POLICY, namespace, &me),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(LabelSelector::default()),
-            policy_types: Some(vec!["Ingress".into()]),
+            policy_types: Some(types),
             ingress: Some(vec![NetworkPolicyIngressRule { from: Some(from), ports: None }]),
-            egress: None,
+            egress: egress.map(egress_rules),
         }),
     })
+}
+
+/// Where the pods of every tenant may not send (`--network-policy-egress-denied-namespaces`):
+/// the platform's namespaces whose services are shared (a Prometheus, an Alertmanager),
+/// which the operator's query scoping protects only on its own path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EgressPolicy {
+    /// Namespaces whose pods tenants may not reach.
+    pub denied_namespaces: Vec<String>,
+    /// The cluster's pod and Service address ranges (`--network-policy-cluster-cidrs`): left
+    /// out of the rule that lets tenants reach addresses outside the cluster, so that the
+    /// denied namespaces' pods cannot be reached by address either (several network plugins
+    /// match pod addresses by `ipBlock`).
+    pub cluster_cidrs: Vec<String>,
+}
+
+/// The egress rules of `policy`: every pod of every namespace but the denied ones, and every
+/// address outside the cluster's ranges.
+fn egress_rules(policy: &EgressPolicy) -> Vec<NetworkPolicyEgressRule> {
+    let mut denied = policy.denied_namespaces.clone();
+    denied.sort();
+    denied.dedup();
+    let namespaces = NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: NAMESPACE_NAME_LABEL.into(),
+                operator: "NotIn".into(),
+                values: Some(denied),
+            }]),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    };
+    let outside = |all: &str, v6: bool| {
+        let except: Vec<String> = policy.cluster_cidrs.iter().filter(|c| c.contains(':') == v6).cloned().collect();
+        NetworkPolicyPeer {
+            ip_block: Some(IPBlock { cidr: all.into(), except: (!except.is_empty()).then_some(except) }),
+            ..NetworkPolicyPeer::default()
+        }
+    };
+    vec![NetworkPolicyEgressRule {
+        to: Some(vec![namespaces, outside("0.0.0.0/0", false), outside("::/0", true)]),
+        ports: None,
+    }]
+}
+
+/// Whether `cidr` is an address range (`10.0.0.0/8`, `fd00::/8`).
+pub fn is_cidr(cidr: &str) -> bool {
+    let Some((address, bits)) = cidr.split_once('/') else { return false };
+    let Ok(address) = address.parse::<std::net::IpAddr>() else { return false };
+    let most = if address.is_ipv4() { 32 } else { 128 };
+    bits.parse::<u8>().is_ok_and(|b| b <= most)
 }
 
 /// A peer of every pod in the namespaces `names` (sorted, deduplicated), by their names.
@@ -380,14 +436,14 @@ mod tests {
             rules[0].from.iter().flatten().map(|peer| serde_json::to_string(peer).expect("json")).collect()
         };
         assert_eq!(
-            peers(network_policy("a", &t, &["c".into(), "b".into()], &[])),
+            peers(network_policy("a", &t, &["c".into(), "b".into()], &[], None)),
             [
                 r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["a","b","c"]}]}}"#
             ],
             "by default: the tenant's own namespaces, by the name the apiserver sets, never by a label anyone may write"
         );
         assert_eq!(
-            peers(network_policy("a", &t, &[], &[])),
+            peers(network_policy("a", &t, &[], &[], None)),
             [
                 r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["a"]}]}}"#
             ],
@@ -398,7 +454,7 @@ mod tests {
             allow_from_namespaces: vec!["monitoring".into(), "ingress".into()],
         });
         assert_eq!(
-            peers(network_policy("a", &t, &[], &["ingress".into()])),
+            peers(network_policy("a", &t, &[], &["ingress".into()], None)),
             [
                 r#"{"podSelector":{}}"#.to_string(),
                 r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["ingress","monitoring"]}]}}"#.to_string(),
@@ -406,7 +462,27 @@ mod tests {
         );
         t.spec.network_policy =
             Some(TenantNetworkPolicy { isolation: Some(NetworkIsolation::None), ..Default::default() });
-        assert!(network_policy("a", &t, &[], &["ingress".into()]).is_none());
+        assert!(network_policy("a", &t, &[], &["ingress".into()], None).is_none());
+    }
+
+    #[test]
+    fn egress_to_the_denied_namespaces_is_not_admitted_by_name_nor_by_address() {
+        let t = tenant(&["a"]);
+        let egress = EgressPolicy {
+            denied_namespaces: vec!["monitoring".into(), "alerting".into()],
+            cluster_cidrs: vec!["10.0.0.0/8".into(), "fd00::/8".into()],
+        };
+        let spec = network_policy("a", &t, &[], &[], Some(&egress)).expect("policy").spec.expect("spec");
+        assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string(), "Egress".to_string()]));
+        let rules = serde_json::to_string(&spec.egress).expect("json");
+        assert_eq!(
+            rules,
+            r#"[{"to":[{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["alerting","monitoring"]}]}},{"ipBlock":{"cidr":"0.0.0.0/0","except":["10.0.0.0/8"]}},{"ipBlock":{"cidr":"::/0","except":["fd00::/8"]}}]}]"#
+        );
+        let none = network_policy("a", &t, &[], &[], None).expect("policy").spec.expect("spec");
+        assert!(none.egress.is_none(), "without the flag, egress stays open");
+        assert!(is_cidr("10.96.0.0/12") && is_cidr("fd00::/8"));
+        assert!(!is_cidr("10.96.0.0") && !is_cidr("10.0.0.0/33") && !is_cidr("monitoring/8"));
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub struct TenantContext {
     pub protection: Protection,
     /// Namespaces every tenant namespace admits traffic from (`--network-policy-allowed-namespaces`).
     pub network_allowed: Vec<String>,
+    /// Where tenants' pods may not send (`--network-policy-egress-denied-namespaces`).
+    pub network_egress: Option<super::desired::EgressPolicy>,
     /// The shard count (`--shards`), for each namespace's `flotilla.dev/shard` label.
     pub shards: u32,
 }
@@ -331,7 +333,7 @@ async fn onboard_namespace(
         None => delete(&limits, LIMIT_RANGE, "LimitRange").await?,
     }
     let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
-    match network_policy(ns, tenant, owned, &ctx.network_allowed) {
+    match network_policy(ns, tenant, owned, &ctx.network_allowed, ctx.network_egress.as_ref()) {
         Some(p) => apply_with(&policies, NETWORK_POLICY, &p, "NetworkPolicy", true).await?,
         None => delete(&policies, NETWORK_POLICY, "NetworkPolicy").await?,
     }
