@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod invalid_apps;
 pub mod prometheus;
 pub mod recorder;
 pub mod rollout;
