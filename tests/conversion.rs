@@ -215,6 +215,70 @@ async fn each_version_reads_the_other_and_both_reconcile_alike() {
     );
 }
 
+/// The name a v1alpha1 refusal gives the field v1beta1 names `field`.
+fn v1alpha1_field(field: &str) -> String {
+    match field {
+        "spec.rollout.progressDeadline" => "spec.progressDeadlineSeconds".to_string(),
+        "spec.rollout.historyLimit" => field.to_string(),
+        _ => field.replacen("spec.rollout.", "spec.", 1),
+    }
+}
+
+/// Every App the apiserver refuses as v1beta1 (`tests/app_validation.rs`), written through
+/// v1alpha1 the way a v1alpha1 client writes what it read (its v1beta1-only fields in the
+/// conversion's annotation), is refused too, naming the field, and nothing is stored. The
+/// apiserver checks a v1alpha1 write against the v1alpha1 schema only and stores the
+/// webhook's v1beta1 body as it is: an annotation `{"template":"x"}` was stored as an App
+/// with `spec.template: "x"`, which no typed reader of Apps can read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1alpha1_writes_store_nothing_v1beta1_refuses() {
+    let _turn = SERIAL.lock().await;
+    let client = cluster().await;
+    let ns = TestNamespace::create(&client, "e2e-conv-refuse").await;
+    let _webhook = replica("conversion-idle", "refuse").await;
+    webhook_in_use(&client).await;
+    let alpha = alpha_api(&client, &ns.name, "App");
+    let stored: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns.name, &ApiResource::erase::<App>(&()));
+    let cases = support::invalid_apps::refused();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let beta = json!({"apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+            "metadata": {"name": case.name, "namespace": ns.name}, "spec": case.spec});
+        let down = flotilla::api::conversion::convert_object(0, beta, "flotilla.dev/v1alpha1")
+            .unwrap_or_else(|e| panic!("{}: converting it down: {e}", case.what));
+        let object: DynamicObject = serde_json::from_value(down).expect("a v1alpha1 App");
+        let field = v1alpha1_field(case.field);
+        match alpha.create(&PostParams::default(), &object).await {
+            Ok(_) => failures.push(format!("{}: accepted", case.what)),
+            Err(kube::Error::Api(s)) if s.message.contains(&field) || s.message.contains(case.field) => {}
+            Err(e) => failures.push(format!("{}: refused without naming {field}: {e}", case.what)),
+        }
+        if let Ok(Some(app)) = stored.get_opt(&case.name).await {
+            failures.push(format!("{}: stored as {}", case.what, serde_json::to_string(&app.data).unwrap_or_default()));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} Apps v1beta1 refuses were not refused through v1alpha1:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+
+    // What v1beta1 accepts still goes through the annotation, and reads back typed.
+    let template = json!({"spec": {"containers": [{"name": "app", "args": ["--port=8080"]},
+        {"name": "proxy", "image": "registry.example.com/proxy:1"}]}});
+    let kept = json!({"template": template, "historyLimit": 3}).to_string();
+    let good: DynamicObject = serde_json::from_value(json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "App",
+        "metadata": {"name": "kept", "annotations": {"flotilla.dev/v1beta1-fields": kept}},
+        "spec": {"image": "registry.example.com/tests/web", "version": "1"}}))
+    .expect("App");
+    alpha.create(&PostParams::default(), &good).await.expect("a valid template through v1alpha1");
+    let back = Api::<App>::namespaced(client.clone(), &ns.name).get("kept").await.expect("read as a typed v1beta1 App");
+    assert_eq!(serde_json::to_value(&back.spec.template).expect("template"), template);
+    assert_eq!(back.spec.rollout.history_limit, Some(3));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_survives_a_lost_replica_and_refuses_malformed_requests() {
     let _turn = SERIAL.lock().await;

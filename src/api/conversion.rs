@@ -3,8 +3,12 @@
 //! `v1beta1` can say three things `v1alpha1` cannot: a progress deadline in any unit (`10m`,
 //! `1500ms`), `spec.rollout.historyLimit` and `spec.template`. When an object goes down to `v1alpha1`, those
 //! are kept in the annotation [`ANNOTATION_V1BETA1_FIELDS`]; on the way back up they are
-//! restored from it (only values `v1beta1` accepts, and the deadline only if the `v1alpha1`
-//! object still asks for the same number of seconds) and the annotation is removed. So
+//! restored from it (the deadline only if the `v1alpha1` object still asks for the same number
+//! of seconds) and the annotation is removed. The apiserver checks a `v1alpha1` write against
+//! the `v1alpha1` schema only and stores what comes back at `v1beta1` unchecked, so what the
+//! annotation holds is checked here as the `v1beta1` schema and its CEL rules would check it
+//! (the template against the CRD's own schema, `template_check`), and anything they would
+//! refuse, or any other key or type, fails the conversion with a message naming the field. So
 //! `v1alpha1 -> v1beta1 -> v1alpha1` and `v1beta1 -> v1alpha1 -> v1beta1` give back the object
 //! they started from, as Kubernetes asks of conversions.
 //!
@@ -29,9 +33,10 @@ pub const ANNOTATION_V1BETA1_FIELDS: &str = "flotilla.dev/v1beta1-fields";
 /// Annotations of an object, as the conversion functions read and write them.
 pub type Annotations = BTreeMap<String, String>;
 
-/// `v1beta1` fields with no place in `v1alpha1`.
+/// `v1beta1` fields with no place in `v1alpha1`. Read strictly: a key it does not know, or a
+/// value of another type, is refused (`KeptError`), never ignored.
 #[derive(Serialize, Deserialize, Default, Debug)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct V1beta1Fields {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     progress_deadline: Option<String>,
@@ -71,7 +76,7 @@ pub enum ConversionError {
     #[error("desired API version {0:?} is not one this operator converts to")]
     UnknownDesiredVersion(String),
     #[error("object {index} ({name}) as {api_version} {kind}: {problem}")]
-    Field { index: usize, name: String, kind: String, api_version: String, problem: FieldError },
+    Field { index: usize, name: String, kind: String, api_version: String, problem: SpecError },
     #[error("object {index} ({name}): spec.{key} cannot be read: {source}")]
     Spec {
         index: usize,
@@ -87,6 +92,37 @@ pub enum ConversionError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// The `v1beta1` fields kept in the annotation hold what the `v1beta1` schema refuses. The
+/// apiserver validates a `v1alpha1` write against the `v1alpha1` schema only and stores what the
+/// conversion returns as it is, so a `v1beta1` body restored from them would be stored unchecked:
+/// a template of the wrong shape makes the App unreadable to every typed reader.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeptError {
+    #[error(
+        "metadata.annotations[{ANNOTATION_V1BETA1_FIELDS}] must be a JSON object of the v1beta1 fields v1alpha1 has no place for (progressDeadline, historyLimit, emptyRollout, template): {0}"
+    )]
+    Unreadable(String),
+    #[error(
+        "spec.rollout.progressDeadline (kept in metadata.annotations[{ANNOTATION_V1BETA1_FIELDS}]): must be a duration from 10s to 1h, such as 90s or 10m, not {0:?}"
+    )]
+    Deadline(String),
+    #[error(
+        "spec.rollout.historyLimit (kept in metadata.annotations[{ANNOTATION_V1BETA1_FIELDS}]): must be from 1 to 50, not {0}"
+    )]
+    HistoryLimit(i64),
+    #[error("{0} (kept in metadata.annotations[{ANNOTATION_V1BETA1_FIELDS}])")]
+    Template(String),
+}
+
+/// Why an App's spec could not be converted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    #[error(transparent)]
+    Field(#[from] FieldError),
+    #[error(transparent)]
+    Kept(#[from] KeptError),
 }
 
 /// A field of the wrong type, which the conversion cannot move.
@@ -106,11 +142,48 @@ const ROLLOUT_KEYS: [&str; 3] = ["strategy", "analysis", "autoRollback"];
 const DEADLINE_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(10)..=Duration::from_secs(3600);
 const HISTORY_RANGE: std::ops::RangeInclusive<i64> = 1..=50;
 
-/// A deadline `v1beta1` accepts (the CRD's rule: a duration from 10s to 1h).
+/// A deadline `v1beta1` accepts (the CRD's rules: at most 32 characters spelled
+/// `^([0-9]+(ms|s|m|h))+$`, a duration from 10s to 1h).
 fn valid_deadline(text: &str) -> bool {
     text.len() <= 32
-        && text.bytes().all(|b| b.is_ascii_alphanumeric())
+        && spelled_as_the_crd_asks(text)
         && humantime::parse_duration(text).is_ok_and(|d| DEADLINE_RANGE.contains(&d))
+}
+
+/// One or more groups of digits, each followed by `ms`, `s`, `m` or `h`.
+fn spelled_as_the_crd_asks(text: &str) -> bool {
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let after = &rest[digits..];
+        let unit = ["ms", "s", "m", "h"].into_iter().find(|u| after.starts_with(u));
+        match unit {
+            Some(unit) if digits > 0 => rest = &after[unit.len()..],
+            _ => return false,
+        }
+    }
+    !text.is_empty()
+}
+
+/// The `v1beta1` fields kept in `annotations` (removed from them), refused when they hold
+/// what the `v1beta1` schema would refuse: see [`KeptError`].
+fn take_kept(annotations: &mut Annotations) -> Result<V1beta1Fields, KeptError> {
+    let Some(text) = annotations.remove(ANNOTATION_V1BETA1_FIELDS) else { return Ok(V1beta1Fields::default()) };
+    // A struct reads from a JSON list too (its fields in order): only an object is one.
+    if !text.trim_start().starts_with('{') {
+        return Err(KeptError::Unreadable("it is not a JSON object".into()));
+    }
+    let kept: V1beta1Fields = serde_json::from_str(&text).map_err(|e| KeptError::Unreadable(e.to_string()))?;
+    if let Some(deadline) = kept.progress_deadline.as_ref().filter(|d| !valid_deadline(d)) {
+        return Err(KeptError::Deadline(deadline.clone()));
+    }
+    if let Some(limit) = kept.history_limit.filter(|n| !HISTORY_RANGE.contains(n)) {
+        return Err(KeptError::HistoryLimit(limit));
+    }
+    if let Some(template) = &kept.template {
+        super::template_check::check(template.get()).map_err(KeptError::Template)?;
+    }
+    Ok(kept)
 }
 
 fn object_of<'a>(value: &'a mut Value, field: &'static str) -> Result<Option<&'a mut Map<String, Value>>, FieldError> {
@@ -122,16 +195,15 @@ fn object_of<'a>(value: &'a mut Value, field: &'static str) -> Result<Option<&'a
 }
 
 /// `v1alpha1` App spec to `v1beta1`, restoring fields kept in the annotation (which is removed).
-/// `template` is the spec's `template`, held apart as text: the one kept is put there.
+/// `template` is the spec's `template`, held apart as text: the one kept is put there. Kept
+/// fields the `v1beta1` schema would refuse fail the conversion (`KeptError`); a kept deadline
+/// is used only while the `v1alpha1` object still asks for the same number of seconds.
 pub fn app_spec_to_v1beta1(
     spec: &mut Map<String, Value>,
     template: &mut Option<Box<RawValue>>,
     annotations: &mut Annotations,
-) -> Result<(), FieldError> {
-    let kept: V1beta1Fields = annotations
-        .remove(ANNOTATION_V1BETA1_FIELDS)
-        .and_then(|text| serde_json::from_str(&text).ok())
-        .unwrap_or_default();
+) -> Result<(), SpecError> {
+    let kept = take_kept(annotations)?;
     let mut rollout = match spec.remove("rollout") {
         Some(Value::Object(map)) => map,
         _ => Map::new(),
@@ -147,16 +219,17 @@ pub fn app_spec_to_v1beta1(
             rollout.insert("progressDeadline".into(), Value::Null);
         }
         Some(Value::Number(n)) => {
-            let seconds = n.as_i64().ok_or_else(|| wrong("spec.progressDeadlineSeconds", "an integer"))?;
+            let seconds =
+                n.as_i64().ok_or_else(|| SpecError::from(wrong("spec.progressDeadlineSeconds", "an integer")))?;
             let text = kept
                 .progress_deadline
-                .filter(|text| valid_deadline(text) && i64::from(v1beta1::deadline_seconds(text)) == seconds)
+                .filter(|text| i64::from(v1beta1::deadline_seconds(text)) == seconds)
                 .unwrap_or_else(|| format!("{seconds}s"));
             rollout.insert("progressDeadline".into(), Value::String(text));
         }
-        Some(_) => return Err(wrong("spec.progressDeadlineSeconds", "an integer")),
+        Some(_) => return Err(wrong("spec.progressDeadlineSeconds", "an integer").into()),
     }
-    if let Some(limit) = kept.history_limit.filter(|n| HISTORY_RANGE.contains(n)) {
+    if let Some(limit) = kept.history_limit {
         rollout.insert("historyLimit".into(), Value::from(limit));
     }
     if !rollout.is_empty() || kept.empty_rollout {
@@ -325,7 +398,7 @@ pub fn convert_text(
         return Ok(raw(&object));
     }
     object.insert("apiVersion".into(), raw(desired_api_version));
-    let field_error = |problem| ConversionError::Field {
+    let field_error = |problem: SpecError| ConversionError::Field {
         index,
         name: name.clone(),
         kind: kind.clone(),
@@ -339,7 +412,7 @@ pub fn convert_text(
         Some(spec) => spec,
     };
     let Ok(mut spec_fields) = serde_json::from_str::<RawObject>(spec_text.get()) else {
-        return Err(field_error(wrong("spec", "an object")));
+        return Err(field_error(wrong("spec", "an object").into()));
     };
     let mut template = spec_fields.remove("template");
     // Every other field of the spec is small (bounded by the schema): read as values. One
@@ -368,7 +441,7 @@ pub fn convert_text(
                 Version::V1beta1 => tenant_spec_to_v1beta1(&mut spec),
                 Version::V1alpha1 => tenant_spec_to_v1alpha1(&mut spec),
             }
-            .map_err(field_error)?;
+            .map_err(|e| field_error(e.into()))?;
             object.insert("spec".into(), spec_back(spec, None));
             return Ok(raw(&object));
         }
@@ -385,7 +458,9 @@ pub fn convert_text(
     };
     match desired {
         Version::V1beta1 => app_spec_to_v1beta1(&mut spec, &mut template, &mut annotations).map_err(field_error)?,
-        Version::V1alpha1 => app_spec_to_v1alpha1(&mut spec, &mut template, &mut annotations).map_err(field_error)?,
+        Version::V1alpha1 => {
+            app_spec_to_v1alpha1(&mut spec, &mut template, &mut annotations).map_err(|e| field_error(e.into()))?
+        }
     }
     object.insert("spec".into(), spec_back(spec, template));
     if let Some(metadata) = metadata.as_mut() {

@@ -512,20 +512,55 @@ fn a_changed_v1alpha1_deadline_wins_over_the_kept_one() {
     assert!(beta["metadata"].get("annotations").is_none());
 }
 
-/// The apiserver validates a v1alpha1 write against the v1alpha1 schema only: values in the
-/// annotation that v1beta1 would refuse are not restored.
+/// The apiserver validates a v1alpha1 write against the v1alpha1 schema only and stores what
+/// the conversion returns unchecked: values in the annotation that v1beta1 would refuse, and
+/// anything else the annotation holds, fail the conversion with the field named.
 #[test]
-fn kept_values_v1beta1_would_refuse_are_dropped() {
-    for kept in [
-        r#"{"progressDeadline":"garbage","historyLimit":100000}"#,
-        r#"{"progressDeadline":"5h","historyLimit":0}"#,
-        "not json",
-    ] {
+fn kept_values_v1beta1_would_refuse_are_refused() {
+    let cases = [
+        (
+            r#"{"progressDeadline":"garbage"}"#,
+            "spec.rollout.progressDeadline (kept in metadata.annotations[flotilla.dev/v1beta1-fields]): must be a duration from 10s to 1h",
+        ),
+        (r#"{"progressDeadline":"5h"}"#, "spec.rollout.progressDeadline"),
+        (r#"{"progressDeadline":"10sec"}"#, "spec.rollout.progressDeadline"),
+        (
+            r#"{"historyLimit":0}"#,
+            "spec.rollout.historyLimit (kept in metadata.annotations[flotilla.dev/v1beta1-fields]): must be from 1 to 50, not 0",
+        ),
+        (r#"{"historyLimit":100000}"#, "spec.rollout.historyLimit"),
+        (r#"{"historyLimit":"3"}"#, "metadata.annotations[flotilla.dev/v1beta1-fields] must be a JSON object"),
+        (r#"{"templat":{}}"#, "unknown field `templat`"),
+        (r#"{"emptyRollout":"yes"}"#, "metadata.annotations[flotilla.dev/v1beta1-fields]"),
+        ("not json", "metadata.annotations[flotilla.dev/v1beta1-fields] must be a JSON object"),
+        (r#"["template"]"#, "metadata.annotations[flotilla.dev/v1beta1-fields] must be a JSON object"),
+        (
+            r#"{"template":"x"}"#,
+            "spec.template: must be an object, not a string (kept in metadata.annotations[flotilla.dev/v1beta1-fields])",
+        ),
+        (
+            r#"{"template":{"spec":{"containers":[{"name":"app","image":"nginx"}]}}}"#,
+            "spec.template.spec.containers: the main container",
+        ),
+        (r#"{"template":{"metadata":{"labels":{"app.kubernetes.io/name":"x"}}}}"#, "spec.template.metadata.labels"),
+    ];
+    for (kept, want) in cases {
         let alpha =
             app(ALPHA, json!({"image": "web", "version": "2", "progressDeadlineSeconds": 600}), &with_kept(kept));
-        let beta = convert(&alpha, BETA);
-        assert_eq!(beta["spec"]["rollout"], json!({"progressDeadline": "600s"}), "{kept}");
+        let message = failure_of(review(review_of(vec![alpha], BETA)));
+        assert!(message.contains(want), "{kept}: want {want:?} in {message:?}");
+        assert!(message.starts_with("object 0 (web) as flotilla.dev/v1alpha1 App: "), "{message}");
     }
+    // A valid deadline the v1alpha1 object no longer asks for is no error: the v1alpha1 field wins.
+    let alpha = app(
+        ALPHA,
+        json!({"image": "web", "version": "2", "progressDeadlineSeconds": 600}),
+        &with_kept(r#"{"progressDeadline":"1m30s"}"#),
+    );
+    assert_eq!(convert(&alpha, BETA)["spec"]["rollout"], json!({"progressDeadline": "600s"}));
+    // Nor is a template of null, which v1beta1 allows.
+    let alpha = app(ALPHA, json!({"image": "web", "version": "2"}), &with_kept(r#"{"template":null}"#));
+    assert_eq!(convert(&alpha, BETA)["spec"]["template"], Value::Null);
 }
 
 #[test]
