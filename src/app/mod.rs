@@ -9,6 +9,7 @@ pub mod desired;
 pub mod error;
 pub mod first_deployment;
 pub mod guard;
+pub mod lenient;
 pub mod light;
 pub mod memos;
 pub mod namespace_turns;
