@@ -27,7 +27,7 @@ bash "$here/cluster.sh" up flotilla-test
 export FLOTILLA_TEST_KUBECONFIG
 FLOTILLA_TEST_KUBECONFIG=$(bash "$here/cluster.sh" kubeconfig flotilla-test)
 if [ "${FLOTILLA_KEEP_CLUSTER:-0}" != 1 ]; then
-  trap 'for c in flotilla-test flotilla-test-sharding flotilla-test-scale flotilla-test-conversion flotilla-test-chaos flotilla-webhook; do bash "$here/cluster.sh" down "$c" >/dev/null 2>&1 || true; done; bash "$here/real-node.sh" down flotilla-real >/dev/null 2>&1 || true' EXIT
+  trap 'for c in flotilla-test flotilla-test-sharding flotilla-test-scale flotilla-test-conversion flotilla-test-views flotilla-test-chaos flotilla-webhook; do bash "$here/cluster.sh" down "$c" >/dev/null 2>&1 || true; done; bash "$here/real-node.sh" down flotilla-real >/dev/null 2>&1 || true' EXIT
 fi
 
 step "formatting and lints"

@@ -10,8 +10,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_app};
 use std::io::{IsTerminal, Write};
 
-use super::status::render_status;
-use crate::api::App;
+use super::status::render;
+use crate::app::lenient::LenientApp;
 
 /// Clears a terminal and moves the cursor to its top left corner.
 const CLEAR_SCREEN: &str = "\x1b[2J\x1b[H";
@@ -38,11 +38,12 @@ pub enum StatusError {
 /// Prints the status of `namespace/name`; with `watch`, prints it again whenever the App
 /// changes, until Ctrl-C (which ends it without error).
 pub async fn show(client: Client, namespace: &str, name: &str, watch: bool) -> Result<(), StatusError> {
-    let apps: Api<App> = Api::namespaced(client, namespace);
+    // Read on its own (`LenientApp`): an App that does not read as one is shown with why.
+    let apps: Api<LenientApp> = Api::namespaced(client, namespace);
     let mut screen = Screen::for_stdout(watch);
     if !watch {
         let app = get(&apps, namespace, name).await?;
-        return screen.show(&render_status(&app, Timestamp::now())).map(|_| ());
+        return screen.show(&render(&app, Timestamp::now())).map(|_| ());
     }
     tokio::select! {
         biased;
@@ -51,7 +52,7 @@ pub async fn show(client: Client, namespace: &str, name: &str, watch: bool) -> R
     }
 }
 
-async fn get(apps: &Api<App>, namespace: &str, name: &str) -> Result<App, StatusError> {
+async fn get(apps: &Api<LenientApp>, namespace: &str, name: &str) -> Result<LenientApp, StatusError> {
     match apps.get(name).await {
         Ok(app) => Ok(app),
         Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -67,9 +68,9 @@ async fn get(apps: &Api<App>, namespace: &str, name: &str) -> Result<App, Status
 }
 
 /// Shows the App now, then each time its resourceVersion changes.
-async fn follow(apps: &Api<App>, namespace: &str, name: &str, screen: &mut Screen) -> Result<(), StatusError> {
+async fn follow(apps: &Api<LenientApp>, namespace: &str, name: &str, screen: &mut Screen) -> Result<(), StatusError> {
     let app = get(apps, namespace, name).await?;
-    if !screen.show(&render_status(&app, Timestamp::now()))? {
+    if !screen.show(&render(&app, Timestamp::now()))? {
         return Ok(());
     }
     let mut shown = app.resource_version();
@@ -80,7 +81,7 @@ async fn follow(apps: &Api<App>, namespace: &str, name: &str, screen: &mut Scree
             Ok(Event::Apply(app) | Event::InitApply(app)) => {
                 if app.resource_version() != shown {
                     shown = app.resource_version();
-                    if !screen.show(&render_status(&app, Timestamp::now()))? {
+                    if !screen.show(&render(&app, Timestamp::now()))? {
                         return Ok(());
                     }
                 }

@@ -11,6 +11,7 @@ use crate::api::{
     AnalysisStatus, App, AppStatus, BlueGreenStage, BlueGreenStatus, CanaryStatus, Measurement, MeasurementResult,
     RolloutProgress, RolloutResult, StrategyType,
 };
+use crate::app::lenient::{LenientApp, Unreadable};
 use crate::rollout::planner::DEFAULT_FAILURE_LIMIT;
 
 /// Finished rollouts shown, newest first.
@@ -82,6 +83,34 @@ pub fn render_status(app: &App, now: Timestamp) -> String {
             ]
         }));
         out.table(&rows);
+    }
+    out.0
+}
+
+/// The text `flotilla status` prints for an App as read: its view, or why it cannot be read.
+pub fn render(app: &LenientApp, now: Timestamp) -> String {
+    match app.app() {
+        Ok(readable) => render_status(readable, now),
+        Err(why) => render_unreadable(app, why),
+    }
+}
+
+/// An App that does not read as one: its name, why, and what its status last said.
+pub fn render_unreadable(app: &LenientApp, why: &Unreadable) -> String {
+    let mut out = Text::default();
+    out.field("App", &format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any()));
+    out.field(
+        "Invalid",
+        &format!(
+            "cannot be read as a flotilla.dev/v1beta1 App: {}; the operator does nothing for it until it is changed",
+            why.error
+        ),
+    );
+    if let Some(status) = &why.status {
+        let phase = status.phase.map_or("(not reconciled yet)", |p| p.as_str());
+        out.field("Phase", &format!("{phase} (as last reported)"));
+        out.field("Version", status.current_version.as_deref().unwrap_or("(none)"));
+        out.field("Ready", &ready(status, condition(status, PROGRESSING)));
     }
     out.0
 }
@@ -568,6 +597,28 @@ History:
                 assert!(!text.contains(fragment), "{name}: {fragment:?} should not be in\n{text}");
             }
         }
+    }
+
+    #[test]
+    fn an_unreadable_app_is_shown_with_why() {
+        let read = |status: serde_json::Value| -> LenientApp {
+            serde_json::from_value(json!({"apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+                "metadata": {"name": "web", "namespace": "shop"},
+                "spec": {"image": "nginx", "version": "1.27", "template": "x"}, "status": status}))
+            .expect("any App reads")
+        };
+        let text = render(&read(json!({"phase": "Healthy", "currentVersion": "1.26", "ready": "1/1"})), now());
+        let want = "\
+App:         shop/web
+Invalid:     cannot be read as a flotilla.dev/v1beta1 App: spec.template: invalid type: string \"x\", expected struct PodTemplate; the operator does nothing for it until it is changed
+Phase:       Healthy (as last reported)
+Version:     1.26
+Ready:       1/1
+";
+        assert_eq!(text, want);
+        let bare = render(&read(serde_json::Value::Null), now());
+        assert_eq!(bare.lines().count(), 2, "no status, no lines of it: {bare}");
+        assert_eq!(render(&LenientApp::from(healthy()), now()), render_status(&healthy(), now()));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tokio::sync::broadcast;
 
 use super::model::{Failover, Samples};
 use crate::api::{App, Tenant};
+use crate::app::lenient::LenientApp;
 use crate::sharding::leases::{holder, shard_of_lease};
 
 /// Values kept per check of an App.
@@ -66,7 +67,7 @@ impl Live {
         record_run(per_check, at, analysis.measurements.iter().map(|m| (m.name.as_str(), m.value)));
     }
 
-    fn forget(&self, app: &App) {
+    fn forget(&self, app: &LenientApp) {
         let key = format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any());
         self.samples.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
     }
@@ -105,26 +106,28 @@ pub fn handover(known: Option<&Option<String>>, lease: &Lease, at: Timestamp) ->
     }
 }
 
-/// Where the dashboard reads Apps from: one store for the cluster, or one per namespace.
+/// Where the dashboard reads Apps from: one store for the cluster, or one per namespace. Each
+/// App is read on its own (`LenientApp`): one that does not read as an App is kept as why, and
+/// fails neither the list it came in nor the watch.
 #[derive(Clone)]
-pub struct AppStores(pub Vec<(Option<String>, Store<App>)>);
+pub struct AppStores(pub Vec<(Option<String>, Store<LenientApp>)>);
 
 impl AppStores {
     /// Every App cached, shared with the stores (not copied).
-    pub fn all(&self) -> Vec<Arc<App>> {
+    pub fn all(&self) -> Vec<Arc<LenientApp>> {
         self.0.iter().flat_map(|(_, s)| s.state()).collect()
     }
 
-    pub fn get(&self, namespace: &str, name: &str) -> Option<App> {
-        let key = reflector::ObjectRef::<App>::new(name).within(namespace);
-        self.0.iter().find_map(|(_, s)| s.get(&key)).map(|a| App::clone(&a))
+    pub fn get(&self, namespace: &str, name: &str) -> Option<LenientApp> {
+        let key = reflector::ObjectRef::<LenientApp>::new(name).within(namespace);
+        self.0.iter().find_map(|(_, s)| s.get(&key)).map(|a| LenientApp::clone(&a))
     }
 }
 
 /// Starts watching the Apps of `namespaces` (None: the cluster) into stores that are ready
 /// once listed.
 pub fn watch_apps(client: &Client, namespaces: Option<&[String]>, live: &Arc<Live>) -> AppStores {
-    let apis: Vec<(Option<String>, Api<App>)> = match namespaces {
+    let apis: Vec<(Option<String>, Api<LenientApp>)> = match namespaces {
         None => vec![(None, Api::all(client.clone()))],
         Some(list) => list.iter().map(|ns| (Some(ns.clone()), Api::namespaced(client.clone(), ns))).collect(),
     };
@@ -137,7 +140,9 @@ pub fn watch_apps(client: &Client, namespaces: Option<&[String]>, live: &Arc<Liv
         let live = live.clone();
         tokio::spawn(follow(stream, move |event| match event {
             watcher::Event::Apply(app) | watcher::Event::InitApply(app) => {
-                live.record(&app);
+                if let Ok(readable) = app.app() {
+                    live.record(readable);
+                }
                 live.announce(format!("app:{}/{}", app.namespace().unwrap_or_default(), app.name_any()));
             }
             watcher::Event::Delete(app) => {

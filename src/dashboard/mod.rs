@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::api::{App, Tenant};
+use crate::app::lenient::{LenientApp, Unreadable};
 use crate::cli::control::{self, Request as ControlRequest};
 use crate::rollout::planner::Verb;
 use crate::rollout::prometheus::PrometheusClient;
@@ -377,13 +378,17 @@ async fn app_page(
     if let Err(refused) = guard::check_names(&namespace, &name) {
         return page_problem(&d, &headers, StatusCode::NOT_FOUND, "Not found", &refused.to_string());
     }
-    let app = match d.apps.get(&namespace, &name) {
+    let read = match d.apps.get(&namespace, &name) {
         Some(app) => app,
         // Not watched here, or not listed yet: read it (the apiserver says if it is missing).
-        None => match Api::<App>::namespaced(d.client.clone(), &namespace).get(&name).await {
+        None => match Api::<LenientApp>::namespaced(d.client.clone(), &namespace).get(&name).await {
             Ok(app) => app,
             Err(e) => return problem(&d, &headers, &e, &format!("Reading App {namespace}/{name}")),
         },
+    };
+    let app = match read.app() {
+        Ok(app) => app,
+        Err(unreadable) => return unreadable_page(&d, &headers, &namespace, &name, unreadable),
     };
     let mut notices: Vec<String> = q.flash.and_then(|id| d.flash(id, &namespace, &name)).into_iter().collect();
     let events = Api::<Event>::namespaced(d.client.clone(), &namespace);
@@ -397,13 +402,26 @@ async fn app_page(
     };
     let now = Timestamp::now();
     let ranges = match &d.prometheus {
-        Some((url, client)) => series::fetch(client, url, series::plan(&app, url, now)).await,
+        Some((url, client)) => series::fetch(client, url, series::plan(app, url, now)).await,
         None => Default::default(),
     };
-    let view = model::app_view(&app, &events, &d.live.samples(&namespace, &name), &ranges, now);
+    let view = model::app_view(app, &events, &d.live.samples(&namespace, &name), &ranges, now);
     let title = format!("{namespace}/{name}");
     let topic = format!("app:{namespace}/{name}");
     respond(&d, &headers, StatusCode::OK, &title, &topic, pages::app(&view, &d.token, &notices))
+}
+
+/// The page of an App that cannot be read: why, and that nothing can be done with it here. It
+/// follows the App's changes, so it shows the App once it is fixed.
+fn unreadable_page(d: &Dashboard, headers: &HeaderMap, namespace: &str, name: &str, why: &Unreadable) -> Response {
+    let message = format!(
+        "App {namespace}/{name} cannot be read as a flotilla.dev/v1beta1 App: {}. The operator does nothing \
+         for it (it reports InvalidSpec) until it is changed, and the dashboard offers no action on it.",
+        why.error
+    );
+    let title = format!("{namespace}/{name}");
+    let main = pages::problem("This App cannot be read", &message);
+    respond(d, headers, StatusCode::OK, &title, &format!("app:{namespace}/{name}"), main)
 }
 
 #[derive(serde::Deserialize)]

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::api::conditions::{PROGRESSING, READY};
 use crate::api::rollout::PAUSE_UNTIL_PROMOTED;
 use crate::api::{App, AppPhase, AppStatus, MeasurementResult, StrategyType, Tenant};
+use crate::app::lenient::LenientApp;
 use crate::cli::status as text;
 use crate::cli::undo::plan_undo;
 
@@ -57,6 +58,8 @@ pub struct AppRow {
     pub progress: Option<String>,
     pub ready: String,
     pub in_progress: bool,
+    /// Why the App cannot be read (phase `Invalid`): shown in its row instead of a rollout.
+    pub problem: Option<String>,
 }
 
 /// One namespace of a Tenant.
@@ -102,8 +105,12 @@ pub struct Overview {
 /// small enough to fetch again on every change at 10,000 Apps.
 pub const PAGE_SIZE: usize = 200;
 
-/// The phases in the order the overview counts them; `Pending` is an App not reconciled yet.
-pub const PHASES: [&str; 6] = ["Progressing", "Paused", "Degraded", "RolledBack", "Healthy", "Pending"];
+/// The phases in the order the overview counts them; `Pending` is an App not reconciled yet,
+/// `Invalid` one that cannot be read as an App (the operator does nothing for it either).
+pub const PHASES: [&str; 7] = ["Progressing", "Paused", "Degraded", "RolledBack", "Healthy", "Pending", INVALID];
+
+/// The phase of an App that cannot be read.
+pub const INVALID: &str = "Invalid";
 
 fn phase_of(app: &App) -> &'static str {
     app.status.as_ref().and_then(|s| s.phase).map_or("Pending", AppPhase::as_str)
@@ -159,17 +166,40 @@ pub fn app_row(app: &App, tenant: Option<&str>) -> AppRow {
         progress: progress(status),
         ready: status.ready.clone().unwrap_or_else(|| "-".into()),
         in_progress: in_progress(status),
+        problem: None,
+    }
+}
+
+/// The row of an App as read: an App that cannot be read is listed with why.
+pub fn row_of(app: &LenientApp, tenant: Option<&str>) -> AppRow {
+    match app.app() {
+        Ok(app) => app_row(app, tenant),
+        Err(unreadable) => AppRow {
+            namespace: app.namespace().unwrap_or_default(),
+            name: app.name_any(),
+            tenant: tenant.map(str::to_string),
+            phase: INVALID,
+            version: "-".into(),
+            progress: None,
+            ready: unreadable.status.as_ref().and_then(|s| s.ready.clone()).unwrap_or_else(|| "-".into()),
+            in_progress: false,
+            problem: Some(format!("cannot be read as an App: {}", unreadable.error)),
+        },
     }
 }
 
 /// The overview of `apps` (and `tenants`, when the user may list them) narrowed by `filter`.
 /// Takes the objects or the cache's shared pointers to them alike.
-pub fn overview<A: Borrow<App>, T: Borrow<Tenant>>(apps: &[A], tenants: Option<&[T]>, filter: &Filter) -> Overview {
+pub fn overview<A: Borrow<LenientApp>, T: Borrow<Tenant>>(
+    apps: &[A],
+    tenants: Option<&[T]>,
+    filter: &Filter,
+) -> Overview {
     let owners = tenant_of_namespace(tenants.unwrap_or_default());
     let all: Vec<AppRow> = apps
         .iter()
         .map(Borrow::borrow)
-        .map(|a| app_row(a, a.metadata.namespace.as_deref().and_then(|ns| owners.get(ns).copied())))
+        .map(|a| row_of(a, a.namespace().as_deref().and_then(|ns| owners.get(ns).copied())))
         .collect();
     let mut namespaces: BTreeSet<String> = all.iter().map(|r| r.namespace.clone()).collect();
     namespaces.extend(owners.keys().map(|ns| ns.to_string()));

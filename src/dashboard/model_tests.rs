@@ -1,6 +1,40 @@
 use super::*;
 use serde_json::json;
 
+/// An App as stored with a template that is not one: it reads only as why.
+fn unreadable(ns: &str, name: &str) -> LenientApp {
+    serde_json::from_value(json!({
+        "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"image": "registry.example.com/x", "version": "2", "template": "<b>x</b>"},
+        "status": {"phase": "Healthy", "ready": "2/2"},
+    }))
+    .expect("any App reads")
+}
+
+#[test]
+fn an_app_that_cannot_be_read_is_a_row_with_why_beside_the_others() {
+    let apps =
+        [LenientApp::from(healthy("shop", "cart")), unreadable("shop", "broken"), LenientApp::from(mid_canary())];
+    let tenants = [tenant("retail", &["shop"])];
+    let o = overview(&apps, Some(&tenants), &Filter::default());
+    assert_eq!(o.apps.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["broken", "cart", "web"]);
+    let row = &o.apps[0];
+    assert_eq!((row.phase, row.version.as_str(), row.ready.as_str(), row.in_progress), (INVALID, "-", "2/2", false));
+    assert_eq!(row.tenant.as_deref(), Some("retail"));
+    let problem = row.problem.as_deref().expect("why");
+    assert!(problem.starts_with("cannot be read as an App: spec.template: invalid type: string"), "{problem}");
+    assert!(o.apps[1].problem.is_none(), "a readable App has no problem");
+    assert_eq!(o.phases.iter().find(|(p, _)| *p == INVALID), Some(&(INVALID, 1)));
+    let retail = &o.tenants.as_ref().expect("tenants")[0];
+    assert_eq!((retail.apps, retail.healthy), (3, 1), "counted among the tenant's Apps, not as healthy");
+    let only = overview(&apps, None::<&[Tenant]>, &Filter { phase: Some(INVALID.into()), ..Filter::default() });
+    assert_eq!(only.apps.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["broken"]);
+    let html = super::super::pages::overview(&o, &[]).into_string();
+    assert!(html.contains("cannot be read as an App: spec.template"), "shown in its row");
+    assert!(!html.contains("<b>x</b>"), "the App's text is escaped: {html}");
+}
+
 fn app(ns: &str, name: &str, spec: serde_json::Value, status: serde_json::Value) -> App {
     serde_json::from_value(json!({
         "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
@@ -58,7 +92,8 @@ fn now() -> Timestamp {
 
 #[test]
 fn overview_puts_rollouts_on_top_and_narrows_by_tenant_namespace_and_phase() {
-    let apps = [healthy("shop", "cart"), mid_canary(), healthy("blog", "posts"), healthy("other", "x")];
+    let apps =
+        [healthy("shop", "cart"), mid_canary(), healthy("blog", "posts"), healthy("other", "x")].map(LenientApp::from);
     let tenants = [tenant("retail", &["shop", "shop-dev"]), tenant("media", &["blog"])];
     let o = overview(&apps, Some(&tenants), &Filter::default());
     assert_eq!(o.in_progress.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["web"]);
@@ -236,7 +271,7 @@ fn plots_prefer_prometheus_and_say_why_not() {
 
 #[test]
 fn the_overview_pages_through_many_apps() {
-    let apps: Vec<App> = (0..450).map(|i| healthy("ns", &format!("app-{i:03}"))).collect();
+    let apps: Vec<LenientApp> = (0..450).map(|i| LenientApp::from(healthy("ns", &format!("app-{i:03}")))).collect();
     let first = overview(&apps, None::<&[Tenant]>, &Filter::default());
     assert_eq!((first.total, first.page, first.pages, first.apps.len()), (450, 1, 3, PAGE_SIZE));
     let last = overview(&apps, None::<&[Tenant]>, &Filter { page: Some(3), ..Filter::default() });

@@ -81,7 +81,10 @@ fn apps_table(rows: &[AppRow], caption: &str, id: &str) -> Markup {
                         td { (r.tenant.as_deref().unwrap_or("-")) }
                         td { (phase_badge(r.phase)) }
                         td { (r.version) }
-                        td { (r.progress.as_deref().unwrap_or("")) }
+                        td {
+                            @if let Some(problem) = &r.problem { span.problem { (problem) } }
+                            @else { (r.progress.as_deref().unwrap_or("")) }
+                        }
                         td { (r.ready) }
                     }
                 }
