@@ -277,6 +277,32 @@ async fn v1alpha1_writes_store_nothing_v1beta1_refuses() {
     let back = Api::<App>::namespaced(client.clone(), &ns.name).get("kept").await.expect("read as a typed v1beta1 App");
     assert_eq!(serde_json::to_value(&back.spec.template).expect("template"), template);
     assert_eq!(back.spec.rollout.history_limit, Some(3));
+
+    // A template as the apiserver stored it at v1beta1 (probes, volumes, scheduling, numbers
+    // for quantities and ports by name) comes back through every v1alpha1 write of its App.
+    let rich = json!({"metadata": {"labels": {"team": "payments"}}, "spec": {
+        "containers": [{"name": "app", "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+            "resources": {"requests": {"cpu": 1, "memory": "128Mi"}},
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5},
+            "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}]},
+            {"name": "proxy", "image": "registry.example.com/proxy:1", "securityContext": {"runAsUser": 10001}}],
+        "volumes": [{"name": "config", "configMap": {"name": "app-config"}}, {"name": "tmp", "emptyDir": {}}],
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "shop", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100,
+            "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"team": "payments"}}}}]}},
+        "terminationGracePeriodSeconds": 45}});
+    let beta: App = serde_json::from_value(json!({"apiVersion": "flotilla.dev/v1beta1", "kind": "App",
+        "metadata": {"name": "rich"}, "spec": {"image": "registry.example.com/tests/web", "version": "1", "template": rich}}))
+    .expect("App");
+    let apps = Api::<App>::namespaced(client.clone(), &ns.name);
+    apps.create(&PostParams::default(), &beta).await.expect("a v1beta1 App with a template");
+    let before = apps.get("rich").await.expect("read").spec.template;
+    alpha
+        .patch("rich", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 2}})))
+        .await
+        .expect("a v1alpha1 write of an App with a stored template");
+    let after = apps.get("rich").await.expect("read back");
+    assert_eq!((after.spec.replicas, after.spec.template), (Some(2), before), "the template as it was");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

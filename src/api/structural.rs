@@ -11,9 +11,10 @@
 //! `date-time`), `properties`, `additionalProperties`, `items`, `required`, `nullable`,
 //! `maxItems`, `maxLength`, `maxProperties`, `x-kubernetes-preserve-unknown-fields`. A key the
 //! schema does not know is refused, where the apiserver would drop it from a request: what a
-//! conversion returns is stored as it is. `null` in an object is what the apiserver makes of it
-//! (kept where `nullable`, else dropped, so it does not count as present); elsewhere it must be
-//! `nullable`. CEL rules (`x-kubernetes-validations`) are left to the caller.
+//! conversion returns is stored as it is. A field's `null` is what the apiserver makes of it
+//! (kept where `nullable`, else dropped, so it does not count as present); elsewhere (a list's
+//! item, a map's value) it must be `nullable`. CEL rules (`x-kubernetes-validations`) are left
+//! to the caller.
 
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -59,7 +60,8 @@ enum Seen {
 }
 
 /// A value to check against `schema`, found at `path`; `in_object`: a field of an object,
-/// where the apiserver drops a `null` the schema does not allow.
+/// where the apiserver drops a `null` the schema does not allow (a map's values, which the
+/// types read as values, must not be null unless `nullable`).
 struct Node<'s, 'p> {
     schema: &'s Value,
     path: &'p mut String,
@@ -240,7 +242,9 @@ impl<'de> Visitor<'de> for Node<'_, '_> {
             };
             let len = self.path.len();
             self.path.push_str(&part);
-            let seen = map.next_value_seed(Node { schema, path: &mut *self.path, in_object: true })?;
+            // A map's null value is not dropped like a field's: the types refuse it.
+            let in_object = part.starts_with('.');
+            let seen = map.next_value_seed(Node { schema, path: &mut *self.path, in_object })?;
             self.path.truncate(len);
             if seen == Seen::Value || schema.get("nullable").and_then(Value::as_bool).unwrap_or(false) {
                 present.push(key);
@@ -329,6 +333,7 @@ mod tests {
                 "spec.template.containers[0]: \"image\" is not a field",
             ),
             (r#"{"containers": [], "labels": {"a": 1}}"#, "spec.template.labels[a]: must be a string"),
+            (r#"{"containers": [], "labels": {"a": null}}"#, "spec.template.labels[a]: must not be null"),
             (
                 r#"{"containers": [], "labels": {"a": "1", "b": "2", "c": "3"}}"#,
                 "spec.template.labels: must have at most 2 entries",

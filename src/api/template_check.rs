@@ -192,6 +192,57 @@ mod tests {
         }
     }
 
+    /// The docs' checkout template, with what a real pod adds (probes, volumes, scheduling,
+    /// security settings, quantities as numbers), and every sample App's: what the CRD
+    /// accepts is never refused (a stored App's template comes back through the annotation on
+    /// every v1alpha1 write of it).
+    #[test]
+    fn real_templates_pass() {
+        let checkout = r#"
+metadata: {labels: {team: payments}, annotations: {prometheus.io/scrape: "true"}}
+spec:
+  containers:
+    - name: app
+      args: [--config=/etc/checkout/config.yaml]
+      env:
+        - {name: LOG_LEVEL, value: info}
+        - name: POD_IP
+          valueFrom: {fieldRef: {fieldPath: status.podIP}}
+      envFrom: [{configMapRef: {name: checkout-env}}]
+      resources: {requests: {cpu: 100m, memory: 128Mi}, limits: {memory: 256Mi, cpu: 1}}
+      readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 5}
+      livenessProbe: {tcpSocket: {port: http}, initialDelaySeconds: 10}
+      securityContext: {runAsUser: 10001, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+      volumeMounts: [{name: config, mountPath: /etc/checkout}]
+    - name: log-shipper
+      image: registry.example.com/platform/log-shipper:2.3
+      resources: {requests: {cpu: 10m, memory: 32Mi}}
+  initContainers: [{name: migrate, image: registry.example.com/shop/migrate:1, command: [/migrate]}]
+  volumes:
+    - {name: config, configMap: {name: checkout-config}}
+    - {name: scratch, emptyDir: {sizeLimit: 1Gi}}
+  nodeSelector: {kubernetes.io/os: linux}
+  tolerations: [{key: dedicated, operator: Equal, value: shop, effect: NoSchedule}]
+  affinity:
+    podAntiAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 100
+          podAffinityTerm: {topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: {team: payments}}}
+  securityContext: {fsGroup: 2000, seccompProfile: {type: RuntimeDefault}}
+  terminationGracePeriodSeconds: 45
+"#;
+        let mut templates = vec![serde_yaml::from_str::<Value>(checkout).expect("YAML")];
+        for doc in serde_yaml::Deserializer::from_str(include_str!("../../deploy/samples/app.yaml")) {
+            let app = Value::deserialize(doc).expect("a sample App");
+            templates.extend(app.pointer("/spec/template").cloned());
+        }
+        assert!(templates.len() >= 2, "the samples have a template");
+        for template in templates {
+            assert_eq!(check(&template.to_string()), Ok(()), "{template}");
+            serde_json::from_value::<crate::api::PodTemplate>(template).expect("and the types read it");
+        }
+    }
+
     #[test]
     fn templates_the_crd_refuses_are_refused_naming_the_field() {
         let labels = |n: usize| (0..n).map(|i| (format!("l{i}"), json!("x"))).collect::<serde_json::Map<_, _>>();
