@@ -447,7 +447,8 @@ async fn namespace_creator_cannot_forge_trusted_labels(client: Client, monitorin
     let policy_spec = policy.spec.unwrap_or_default();
     let peers = serde_json::to_value(&policy_spec.ingress).expect("json");
     let text = peers.to_string();
-    assert!(!text.contains("flotilla.dev/tenant"), "no peer by a label anyone may write: {text}");
+    // By name (the apiserver sets it) and by the owner's label (only the platform may).
+    assert!(text.contains(r#""operator":"In""#) && text.contains(&t), "{text}");
     assert!(text.contains("kubernetes.io/metadata.name") && text.contains(&home) && !text.contains(&spy), "{text}");
     // Its pods may reach neither the platform's monitoring namespace, by name or by address.
     let egress = serde_json::to_value(&policy_spec.egress).expect("json").to_string();

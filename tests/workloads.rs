@@ -296,7 +296,8 @@ async fn policy_objects_follow_the_tenant(client: Client) {
     assert_eq!(
         from,
         json!([{"from": [
-            {"namespaceSelector": {"matchLabels": {"flotilla.dev/tenant": t}}},
+            {"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": [a]}],
+                                   "matchLabels": {"flotilla.dev/tenant": t}}},
             {"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ingress-nginx", "monitoring"]}]}},
         ]}]),
         "the tenant's namespaces, the Tenant's and the operator's allowed namespaces"

@@ -232,7 +232,10 @@ spec:
   terminationGracePeriodSeconds: 45
 "#;
         let mut templates = vec![serde_yaml::from_str::<Value>(checkout).expect("YAML")];
-        for doc in serde_yaml::Deserializer::from_str(include_str!("../../deploy/samples/app.yaml")) {
+        // Read at run time: a file the binary embeds must be one the image's build copies.
+        let samples = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/samples/app.yaml"))
+            .expect("reading deploy/samples/app.yaml");
+        for doc in serde_yaml::Deserializer::from_str(&samples) {
             let app = Value::deserialize(doc).expect("a sample App");
             templates.extend(app.pointer("/spec/template").cloned());
         }

@@ -82,8 +82,9 @@ pub struct Context {
     written: Mutex<Memos<Written>>,
     /// Services this replica applied, until the Service cache shows them.
     applied_services: Mutex<Memos<Applied>>,
-    /// The latest analysis run per App that was not written (`status::run_may_wait`).
-    unwritten_runs: Mutex<Memos<AnalysisStatus>>,
+    /// The latest analysis run per App that was not written (`status::run_may_wait`), with
+    /// the version it measured (the status' target).
+    unwritten_runs: Mutex<Memos<(AnalysisStatus, Option<String>)>>,
 }
 
 /// The resourceVersion this replica's apply returned.
@@ -243,9 +244,9 @@ impl Context {
     /// Remembers an analysis run that was not written (it decided nothing new), so that the
     /// App's next reconcile plans from it: its next run is due an interval after it, not at
     /// once, and a step may move on it.
-    pub fn remember_unwritten_run(&self, namespace: &str, name: &str, run: AnalysisStatus) {
+    pub fn remember_unwritten_run(&self, namespace: &str, name: &str, run: AnalysisStatus, target: Option<String>) {
         let mut runs = self.unwritten_runs.lock().unwrap_or_else(|p| p.into_inner());
-        runs.update((namespace.to_string(), name.to_string()), |_| run);
+        runs.update((namespace.to_string(), name.to_string()), |_| (run, target));
     }
 
     /// The run not written that is newer than the `stored` one and judged alike, if there is
@@ -253,12 +254,16 @@ impl Context {
     pub fn unwritten_run(&self, namespace: &str, name: &str, stored: Option<&AppStatus>) -> Option<AnalysisStatus> {
         let mut runs = self.unwritten_runs.lock().unwrap_or_else(|p| p.into_inner());
         let key = (namespace.to_string(), name.to_string());
-        let (run, _) = runs.get(&key)?;
+        let ((run, target), at) = runs.get(&key)?;
         let before = stored.and_then(|s| s.analysis.as_ref());
-        let newer = before.is_some_and(|b| {
-            crate::app::status::same_outcome(b, run)
-                && run.last_run.as_ref().map(|t| t.0) > b.last_run.as_ref().map(|t| t.0)
-        });
+        // Of the same version, judged alike, newer than the stored run, and not older than a
+        // memo is of use (a sweep may not have come by yet).
+        let newer = at.elapsed() <= crate::app::status::FRESH_FOR
+            && stored.is_some_and(|s| s.target_version == *target)
+            && before.is_some_and(|b| {
+                crate::app::status::same_outcome(b, run)
+                    && run.last_run.as_ref().map(|t| t.0) > b.last_run.as_ref().map(|t| t.0)
+            });
         if newer {
             return Some(run.clone());
         }
@@ -308,11 +313,18 @@ impl Context {
         self.analyzer.refusal(app, tenant.as_ref().map(|t| t.spec.prometheus_endpoints.as_slice()).unwrap_or_default())
     }
 
-    /// What `app`'s pod asks for that its Tenant's pod policy does not allow, if anything.
+    /// What `app`'s pod asks for that its Tenant's pod policy does not allow, if anything:
+    /// its spec's template, and the stable template its status keeps (the stable Deployment
+    /// is rendered from it, scaled and rolled back to, whatever the spec says now).
     pub fn pod_policy_violation(&self, app: &crate::api::App) -> Option<crate::app::tenant_pods::Violation> {
         let tenant = self.tenant_of(app.metadata.namespace.as_deref().unwrap_or_default())?;
         let policy = tenant.spec.pod_policy.as_ref()?;
-        crate::app::tenant_pods::check(policy, app.spec.template.as_ref())
+        crate::app::tenant_pods::check(policy, app.spec.template.as_ref()).or_else(|| {
+            let stable = app.status.as_ref()?.stable_template.as_ref()?;
+            let v = crate::app::tenant_pods::check(policy, Some(stable))?;
+            let field = v.field.replacen("spec.template", "status.stableTemplate", 1);
+            Some(crate::app::tenant_pods::Violation { field, why: format!("{} (the stable version's pod)", v.why) })
+        })
     }
 
     /// The Tenant of this controller, when it has `namespace` onboarded.

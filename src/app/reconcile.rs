@@ -610,7 +610,7 @@ async fn reconcile_app(
     // A fresh run of the same outcome is written at most once per `status::FRESH_FOR`.
     let waits = stored.as_ref() != Some(&status) && run_may_wait(stored.as_ref(), &status, now);
     if let Some(run) = status.analysis.clone().filter(|_| waits) {
-        ctx.remember_unwritten_run(&namespace, &name, run);
+        ctx.remember_unwritten_run(&namespace, &name, run, status.target_version.clone());
     }
     if stored.as_ref() != Some(&status) && !waits {
         let quiet = failure.is_none() && refusal.is_none() && !noted;
@@ -708,6 +708,7 @@ async fn refuse(app: &App, ctx: &Context, err: ReconcileError) -> ReconcileError
     if let Err(e) = write_status(&ctx.client, &namespace, &name, &status, version).await {
         return e;
     }
+    ctx.forget_unwritten_run(&namespace, &name);
     ctx.remember_written(&namespace, &name, status);
     let reported = previous.conditions.iter().any(|c| c.type_ == READY && c.message == blocker.message);
     if !reported {

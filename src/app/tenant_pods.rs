@@ -43,7 +43,8 @@ fn classes(pod: &PodSpec, policy: &TenantPodPolicy) -> Option<Violation> {
         ("runtimeClassName", pod.runtime_class_name.as_deref(), &policy.allowed_runtime_classes),
     ];
     named.into_iter().find_map(|(field, name, allowed)| {
-        let name = name?;
+        // An empty name is no name (the apiserver defaults it), as at admission.
+        let name = name.filter(|n| !n.is_empty())?;
         (!allowed.iter().any(|a| a == name)).then(|| Violation {
             field: field.into(),
             why: format!("{name:?} is not allowed for this tenant ({})", allowed_list(allowed)),
@@ -52,7 +53,7 @@ fn classes(pod: &PodSpec, policy: &TenantPodPolicy) -> Option<Violation> {
 }
 
 fn nodes(pod: &PodSpec, policy: &TenantPodPolicy) -> Option<Violation> {
-    if pod.node_name.is_some() {
+    if pod.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
         return violation("nodeName", "may not be set: the tenant's pods are placed by the scheduler");
     }
     let selected = pod.node_selector.clone().unwrap_or_default();
@@ -191,5 +192,14 @@ mod tests {
         let v = check(&policy(), None).expect("an App without a template selects no node");
         assert_eq!(v.field, "spec.template.spec.nodeSelector");
         assert_eq!(check(&TenantPodPolicy::default(), None), None);
+    }
+
+    #[test]
+    fn empty_names_are_no_names_as_at_admission() {
+        let mut spec = OK();
+        spec["priorityClassName"] = json!("");
+        spec["runtimeClassName"] = json!("");
+        spec["nodeName"] = json!("");
+        assert_eq!(verdict(spec), None);
     }
 }

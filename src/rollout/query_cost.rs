@@ -35,8 +35,20 @@ impl Default for QueryBounds {
     }
 }
 
-/// The step Prometheus gives a subquery that names none (its default evaluation interval).
-const DEFAULT_SUBQUERY_STEP: Duration = Duration::from_secs(60);
+/// The step counted for a subquery that names none: Prometheus gives it its global
+/// evaluation interval, which is not known here (1 m by default, often 15 s or less), so a
+/// second, the most it could cost.
+const DEFAULT_SUBQUERY_STEP: Duration = Duration::from_secs(1);
+
+/// `query` parsed, or why not. promql-parser panics on some numbers a tenant may write (a
+/// duration of `1e300` seconds overflows `Duration::from_secs_f64`): such a panic is a parse
+/// error here, never a reconcile's end.
+pub fn parse(query: &str) -> Result<Expr, String> {
+    match std::panic::catch_unwind(|| parser::parse(query)) {
+        Ok(parsed) => parsed,
+        Err(_) => Err("a number in the query is out of range".into()),
+    }
+}
 
 /// Why a query is not sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,11 +67,11 @@ pub enum CostError {
 
 /// Whether `query` stays within `bounds`.
 pub fn check(query: &str, bounds: &QueryBounds) -> Result<(), CostError> {
-    let expr = parser::parse(query).map_err(|e| CostError::Parse(short(&e)))?;
+    let expr = parse(query).map_err(|e| CostError::Parse(short(&e)))?;
     if !selects(&expr) {
         return Err(CostError::NoSelector);
     }
-    Walk { bounds }.expr(&expr, Duration::ZERO, 1)
+    Walk { bounds, points: std::cell::Cell::new(0) }.expr(&expr, Duration::ZERO, 1)
 }
 
 /// Whether `expr` has a series selector anywhere.
@@ -78,6 +90,9 @@ fn selects(expr: &Expr) -> bool {
 
 struct Walk<'a> {
     bounds: &'a QueryBounds,
+    /// The steps of every subquery of the query so far, nested ones multiplied: one budget
+    /// for the whole query, so that many subqueries side by side count as they cost.
+    points: std::cell::Cell<u64>,
 }
 
 impl Walk<'_> {
@@ -108,11 +123,13 @@ impl Walk<'_> {
                 let lookback = self.selector(&what, &s.offset, &s.at, s.range, above)?;
                 let step = s.step.filter(|d| !d.is_zero()).unwrap_or(DEFAULT_SUBQUERY_STEP);
                 let steps = (s.range.as_millis() / step.as_millis().max(1)).max(1);
-                let total = u64::try_from(steps).unwrap_or(u64::MAX).saturating_mul(points);
+                let nested = u64::try_from(steps).unwrap_or(u64::MAX).saturating_mul(points);
+                let total = self.points.get().saturating_add(nested);
                 if total > self.bounds.max_points {
                     return Err(CostError::TooManyPoints { what, points: total, max: self.bounds.max_points });
                 }
-                self.expr(&s.expr, lookback, total)
+                self.points.set(total);
+                self.expr(&s.expr, lookback, nested)
             }
             Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => Ok(()),
         }
@@ -214,9 +231,24 @@ mod tests {
         assert!(e.contains("evaluates 36000 steps, more than the 11000"), "{e}");
         assert_eq!(verdict("max_over_time(x[1h:1s])"), Ok(()), "3,600 steps");
         let e = verdict("max_over_time(max_over_time(x[10m:1s])[10m:1s])").expect_err("600 x 600");
-        assert!(e.contains("360000 steps"), "{e}");
+        assert!(e.contains("360600 steps"), "600 outer steps and 600 x 600 inner: {e}");
         assert_eq!(verdict("max_over_time(x[10m])"), Ok(()), "no subquery, no steps");
-        assert_eq!(verdict("max_over_time(x[30m:])"), Ok(()), "the default step: 30 steps");
+        assert_eq!(verdict("max_over_time(x[30m:])"), Ok(()), "the default step counted as 1 s: 1,800 steps");
+        let no_step = "max_over_time(x[59m:]) + max_over_time(y[59m:]) + max_over_time(z[59m:])";
+        assert_eq!(verdict(no_step), Ok(()), "3 x 3,540 steps at the 1 s counted without a step");
+        let e = verdict(&format!("{no_step} + max_over_time(w[59m:])")).expect_err("4 x 3,540");
+        assert!(e.contains("14160 steps, more than the 11000"), "{e}");
+        let side_by_side = ["max_over_time(rate(x[5m])[55m:1s])"; 4].join(" + ");
+        let e = verdict(&side_by_side).expect_err("subqueries side by side share one budget");
+        assert!(e.contains("13200 steps, more than the 11000"), "{e}");
+    }
+
+    #[test]
+    fn numbers_the_parser_cannot_hold_are_a_parse_error_not_a_panic() {
+        for query in ["rate(x[1e300])", "x offset 1e309", "max_over_time(x[1m:1e300])"] {
+            let e = verdict(query).expect_err(query);
+            assert!(e.starts_with("parse error"), "{query}: {e}");
+        }
     }
 
     #[test]

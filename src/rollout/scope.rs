@@ -12,7 +12,7 @@
 //! that a printing mistake cannot send an unscoped query.
 
 use promql_parser::label::{MatchOp, Matcher, Matchers};
-use promql_parser::parser::{self, Expr, VectorSelector};
+use promql_parser::parser::{Expr, VectorSelector};
 
 /// The label that names a series' namespace: set by Prometheus' Kubernetes service
 /// discovery (relabelled from the target's namespace), so a tenant cannot choose it.
@@ -38,7 +38,7 @@ pub enum ScopeError {
 pub fn scope_to_namespace(query: &str, namespace: &str) -> Result<String, ScopeError> {
     let parse_error =
         |message: String| ScopeError::Parse { namespace: namespace.to_string(), message: short(&message) };
-    let mut expr = parser::parse(query).map_err(parse_error)?;
+    let mut expr = super::query_cost::parse(query).map_err(parse_error)?;
     let mut refusal = None;
     visit_selectors(&mut expr, &mut |selector: &mut VectorSelector| {
         if refusal.is_none() {
@@ -51,7 +51,8 @@ pub fn scope_to_namespace(query: &str, namespace: &str) -> Result<String, ScopeE
     }
     let scoped = expr.to_string();
     // The printed text is what Prometheus will run: read it back and check every selector.
-    let mut again = parser::parse(&scoped).map_err(|_| ScopeError::Unscoped { namespace: namespace.to_string() })?;
+    let mut again =
+        super::query_cost::parse(&scoped).map_err(|_| ScopeError::Unscoped { namespace: namespace.to_string() })?;
     let mut every = true;
     visit_selectors(&mut again, &mut |selector: &mut VectorSelector| every &= carries(selector, namespace));
     if every { Ok(scoped) } else { Err(ScopeError::Unscoped { namespace: namespace.to_string() }) }
@@ -146,6 +147,7 @@ fn short(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use promql_parser::parser;
     use proptest::prelude::*;
 
     /// Every query of the samples, the docs and the tests, as rendered for an App.

@@ -206,12 +206,19 @@ pub fn network_policy(
     let wanted = tenant.spec.network_policy.clone().unwrap_or_default();
     let me = tenant_name(tenant);
     let own = match wanted.isolation.unwrap_or_default() {
-        NetworkIsolation::None => return None,
+        NetworkIsolation::None => return egress.map(|e| egress_only(namespace, &me, e)),
         NetworkIsolation::Tenant => {
             let mut names: Vec<String> = owned.iter().chain([&namespace.to_string()]).cloned().collect();
             names.sort();
             names.dedup();
-            namespaces_named(names)
+            // By name and by the owner's label, which only the platform and the operator may
+            // set: a listed name someone else created (before the operator could, or after a
+            // deletion) is not the tenant's, and is not admitted.
+            let mut peer = namespaces_named(names);
+            if let Some(selector) = peer.namespace_selector.as_mut() {
+                selector.match_labels = Some(BTreeMap::from([(LABEL_TENANT.to_string(), me.clone())]));
+            }
+            peer
         }
         NetworkIsolation::Namespace => {
             NetworkPolicyPeer { pod_selector: Some(LabelSelector::default()), ..NetworkPolicyPeer::default() }
@@ -234,6 +241,20 @@ pub fn network_policy(
             egress: egress.map(egress_rules),
         }),
     })
+}
+
+/// The NetworkPolicy of a Tenant that asks for no isolation, when the platform limits egress:
+/// egress only.
+fn egress_only(namespace: &str, tenant: &str, egress: &EgressPolicy) -> NetworkPolicy {
+    NetworkPolicy {
+        metadata: meta(NETWORK_POLICY, namespace, tenant),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector::default()),
+            policy_types: Some(vec!["Egress".into()]),
+            ingress: None,
+            egress: Some(egress_rules(egress)),
+        }),
+    }
 }
 
 /// Where the pods of every tenant may not send (`--network-policy-egress-denied-namespaces`):
@@ -438,14 +459,14 @@ mod tests {
         assert_eq!(
             peers(network_policy("a", &t, &["c".into(), "b".into()], &[], None)),
             [
-                r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["a","b","c"]}]}}"#
+                r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["a","b","c"]}],"matchLabels":{"flotilla.dev/tenant":"team-a"}}}"#
             ],
-            "by default: the tenant's own namespaces, by the name the apiserver sets, never by a label anyone may write"
+            "by default: the tenant's own namespaces, by the name the apiserver sets and the owner's label"
         );
         assert_eq!(
             peers(network_policy("a", &t, &[], &[], None)),
             [
-                r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["a"]}]}}"#
+                r#"{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"In","values":["a"]}],"matchLabels":{"flotilla.dev/tenant":"team-a"}}}"#
             ],
             "a tenant with no other namespace admits its own"
         );
@@ -481,6 +502,12 @@ mod tests {
         );
         let none = network_policy("a", &t, &[], &[], None).expect("policy").spec.expect("spec");
         assert!(none.egress.is_none(), "without the flag, egress stays open");
+        let mut open = t.clone();
+        open.spec.network_policy =
+            Some(crate::api::TenantNetworkPolicy { isolation: Some(NetworkIsolation::None), ..Default::default() });
+        let only = network_policy("a", &open, &[], &[], Some(&egress)).expect("an egress policy").spec.expect("spec");
+        assert_eq!(only.policy_types, Some(vec!["Egress".to_string()]), "no isolation asked: egress only");
+        assert!(only.ingress.is_none() && only.egress.is_some());
         assert!(is_cidr("10.96.0.0/12") && is_cidr("fd00::/8"));
         assert!(!is_cidr("10.96.0.0") && !is_cidr("10.0.0.0/33") && !is_cidr("monitoring/8"));
     }
