@@ -321,3 +321,65 @@ fn a_scrape_of_the_app_series_skips_what_they_do_not_read() {
         "a scrape took {peak} bytes at once, {plain_peak} without templates"
     );
 }
+
+/// An HTTPRoute of the largest rules of short entries the Gateway API's schema admits, one of
+/// which sends to App `web`'s two Services: 16 rules of 8 matches (16 headers and 16 query
+/// parameters each) and of 16 backendRefs (the first rule 2), each backend with request and
+/// response header modifiers of 16 entries a list.
+fn largest_route() -> String {
+    let list = |n: usize, item: &dyn Fn(usize) -> String| (0..n).map(item).collect::<Vec<_>>().join(",");
+    let header = |i: usize| format!(r#"{{"type":"Exact","name":"x-h-{i:02}","value":"v"}}"#);
+    let query = |i: usize| format!(r#"{{"type":"Exact","name":"q-{i:02}","value":"v"}}"#);
+    let matched = format!(
+        r#"{{"path":{{"type":"PathPrefix","value":"/"}},"headers":[{}],"queryParams":[{}]}}"#,
+        list(16, &header),
+        list(16, &query)
+    );
+    let pair = |i: usize| format!(r#"{{"name":"x-m-{i:02}","value":"v"}}"#);
+    let modifier = format!(
+        r#"{{"set":[{}],"add":[{}],"remove":[{}]}}"#,
+        list(16, &pair),
+        list(16, &pair),
+        list(16, &|i| format!(r#""x-r-{i:02}""#))
+    );
+    let filters = format!(
+        r#"[{{"type":"RequestHeaderModifier","requestHeaderModifier":{modifier}}},{{"type":"ResponseHeaderModifier","responseHeaderModifier":{modifier}}}]"#
+    );
+    let backend = |name: &str| format!(r#"{{"name":"{name}","port":80,"weight":1,"filters":{filters}}}"#);
+    let rule = |r: usize| {
+        let backends = match r {
+            0 => [backend("web"), backend("web-canary")].join(","),
+            _ => list(16, &|b| backend(&format!("other-{r:02}-{b:02}"))),
+        };
+        format!(r#"{{"matches":[{}],"backendRefs":[{backends}]}}"#, list(8, &|_| matched.clone()))
+    };
+    format!(
+        r#"{{"apiVersion":"gateway.networking.k8s.io/v1","kind":"HTTPRoute","metadata":{{"name":"shop","namespace":"shop","resourceVersion":"7"}},"spec":{{"parentRefs":[{{"name":"gw"}}],"rules":[{}]}}}}"#,
+        list(16, &rule)
+    )
+}
+
+/// A reconcile of a routed canary reads its HTTPRoute (and the route the weights' patch sends
+/// back): of its rules, only what says which Services the backends are and their weights.
+#[test]
+fn a_route_costs_its_backends_references_not_its_rules() {
+    use flotilla::app::route::{RouteView, rule_pairs};
+    let text = largest_route();
+    let len = text.len();
+    let (tree_peak, _, tree) = cost(&text, |t| serde_json::from_str::<serde_json::Value>(t).expect("a route"));
+    drop(tree);
+    let (peak, kept, (route, pairs)) = cost(&text, |t| {
+        let route = serde_json::from_str::<RouteView>(t).expect("a route");
+        let pairs = rule_pairs(&route, "shop", "web");
+        (route, pairs)
+    });
+    assert_eq!(pairs.map(|p| p.len()), Ok(1), "the first rule sends to the App");
+    drop(route);
+    println!(
+        "an HTTPRoute of {len} bytes: as a tree {tree_peak} at most ({:.1}x); as read {peak} at most, {kept} kept",
+        tree_peak as f64 / len as f64
+    );
+    assert!(tree_peak > 10 * len, "not hostile: a tree of it takes {tree_peak} bytes for {len}");
+    // Measured: some 30 KB (242 backends' names and weights).
+    assert!(peak < len / 10, "reading a route of {len} bytes took {peak} at once");
+}

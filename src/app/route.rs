@@ -77,64 +77,53 @@ fn bounded(mut text: String) -> String {
     text
 }
 
-/// Whether `backend` is a reference to the Service `name` of `namespace`.
-fn names_service(backend: &Value, namespace: &str) -> Option<String> {
-    let kind = backend.get("kind").and_then(Value::as_str).unwrap_or("Service");
-    let group = backend.get("group").and_then(Value::as_str).unwrap_or("");
-    let ns = backend.get("namespace").and_then(Value::as_str).unwrap_or(namespace);
-    (kind == "Service" && group.is_empty() && ns == namespace)
-        .then(|| backend.get("name").and_then(Value::as_str).unwrap_or_default().to_string())
-}
+impl BackendRef {
+    /// The name of the Service of `namespace` this refers to, if it is one.
+    fn service_of(&self, namespace: &str) -> Option<&str> {
+        let kind = self.kind.as_deref().unwrap_or("Service");
+        let group = self.group.as_deref().unwrap_or("");
+        let ns = self.namespace.as_deref().unwrap_or(namespace);
+        (kind == "Service" && group.is_empty() && ns == namespace).then(|| self.name.as_deref().unwrap_or_default())
+    }
 
-fn describe(backend: &Value) -> String {
-    let name = backend.get("name").and_then(Value::as_str).unwrap_or("?");
-    match backend.get("namespace").and_then(Value::as_str) {
-        Some(ns) => format!("{ns}/{name}"),
-        None => name.to_string(),
+    fn describe(&self) -> String {
+        let name = self.name.as_deref().unwrap_or("?");
+        match &self.namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.to_string(),
+        }
     }
 }
 
-/// The rules of `route` (an HTTPRoute's JSON) that send to App `app`'s Services, each naming
-/// exactly the two (`<app>`, the stable version, and `<app>-canary`): with a third backend the
-/// canary's share would not be the step's weight. At least one such rule must exist.
-pub fn rule_pairs(route: &Value, namespace: &str, app: &str) -> Result<Vec<RulePair>, String> {
-    let route_name = route.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-    let stable = names::service_name(app);
-    let canary = names::canary_service_name(app);
-    let rules = route.pointer("/spec/rules").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+/// The rules of `route` that send to App `app`'s Services, each naming exactly the two
+/// (`<app>`, the stable version, and `<app>-canary`): with a third backend the canary's share
+/// would not be the step's weight. At least one such rule must exist.
+pub fn rule_pairs(route: &RouteView, namespace: &str, app: &str) -> Result<Vec<RulePair>, String> {
+    let route_name = route.metadata.name.as_deref().unwrap_or_default();
+    let (stable, canary) = (names::service_name(app), names::canary_service_name(app));
     let mut pairs = Vec::new();
-    for (i, rule) in rules.iter().enumerate() {
-        let backends = rule.get("backendRefs").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    for (i, rule) in route.rules.iter().enumerate() {
+        let backends = rule.backend_refs.as_deref().unwrap_or_default();
         let ours = |want: &str| {
-            backends
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| names_service(b, namespace).as_deref() == Some(want))
-                .collect::<Vec<_>>()
+            backends.iter().enumerate().filter(|(_, b)| b.service_of(namespace) == Some(want)).collect::<Vec<_>>()
         };
         let (s, c) = (ours(&stable), ours(&canary));
         if s.is_empty() && c.is_empty() {
             continue;
         }
-        let mut listed = backends.iter().take(4).map(describe).collect::<Vec<_>>().join(", ");
-        if backends.len() > 4 {
-            listed.push_str(&format!(" and {} more", backends.len() - 4));
-        }
         match (s.as_slice(), c.as_slice()) {
-            ([(si, sb)], [(ci, cb)]) if backends.len() == 2 => {
-                let weight = |b: &Value| b.get("weight").and_then(Value::as_i64).unwrap_or(1);
-                pairs.push(RulePair {
-                    rule: i,
-                    stable: *si,
-                    canary: *ci,
-                    stable_weight: weight(sb),
-                    canary_weight: weight(cb),
-                });
-            }
+            ([(si, sb)], [(ci, cb)]) if backends.len() == 2 => pairs.push(RulePair {
+                rule: i,
+                stable: *si,
+                canary: *ci,
+                stable_weight: sb.weight.unwrap_or(1),
+                canary_weight: cb.weight.unwrap_or(1),
+            }),
             _ => {
                 return Err(format!(
-                    "rule {} of HTTPRoute {route_name} must name exactly two backendRefs, the Services {stable} and {canary}; it names {listed}",
-                    i + 1
+                    "rule {} of HTTPRoute {route_name} must name exactly two backendRefs, the Services {stable} and {canary}; it names {}",
+                    i + 1,
+                    listed(backends)
                 ));
             }
         }
@@ -145,6 +134,15 @@ pub fn rule_pairs(route: &Value, namespace: &str, app: &str) -> Result<Vec<RuleP
         ));
     }
     Ok(pairs)
+}
+
+/// The first four of `backends`, and how many more.
+fn listed(backends: &[BackendRef]) -> String {
+    let mut listed = backends.iter().take(4).map(BackendRef::describe).collect::<Vec<_>>().join(", ");
+    if backends.len() > 4 {
+        listed.push_str(&format!(" and {} more", backends.len() - 4));
+    }
+    listed
 }
 
 /// The weights to write on a route: the JSON patch, what changes (for the Event), and whether
@@ -183,16 +181,41 @@ pub fn weight_patch(pairs: &[RulePair], resource_version: Option<&str>, canary_w
     (!diffs.is_empty()).then_some(WeightPatch { patch: Value::Array(ops), diffs, lowered })
 }
 
-/// What a reconcile reads of an HTTPRoute: its name, namespace and resourceVersion, and its
-/// rules. The tenant writes the route: its labels, annotations and managed fields can be as
-/// large as the apiserver stores, shaped to take many times that as a tree of JSON values,
-/// so they are skipped as the text is read. Its rules are bounded by the Gateway API's schema
-/// (16 rules of 16 backends, ...).
+/// What a reconcile reads of an HTTPRoute: its name, namespace and resourceVersion, and of
+/// each rule the backendRefs' name, namespace, kind, group and weight (their places in the
+/// lists are the JSON patch's paths). The tenant writes the route: its labels, annotations
+/// and managed fields can be as large as the apiserver stores, and its rules' matches and
+/// filters (16 rules of 16 backends with header modifiers, 8 matches of 16 headers and 16
+/// query parameters each: 748 KB of short entries) take some 20 times their length as a
+/// tree of JSON values. All of that is skipped as the text is read (serde's `IgnoredAny`).
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(from = "RouteWire")]
 pub struct RouteView {
     metadata: kube::api::ObjectMeta,
-    rules: Value,
+    rules: Vec<RouteRule>,
+}
+
+/// One rule of a route, as read: its backendRefs (`None`: it has none).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RouteRule {
+    #[serde(default)]
+    backend_refs: Option<Vec<BackendRef>>,
+}
+
+/// One backendRef of a rule, as read: what says which Service it is, and its weight.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+struct BackendRef {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    group: Option<String>,
+    #[serde(default)]
+    weight: Option<i64>,
 }
 
 #[derive(serde::Deserialize)]
@@ -214,21 +237,14 @@ struct RouteMeta {
 #[derive(Default, serde::Deserialize)]
 struct RouteSpec {
     #[serde(default)]
-    rules: Value,
+    rules: Option<Vec<RouteRule>>,
 }
 
 impl From<RouteWire> for RouteView {
     fn from(wire: RouteWire) -> Self {
         let RouteMeta { name, namespace, resource_version } = wire.metadata;
         let metadata = kube::api::ObjectMeta { name, namespace, resource_version, ..Default::default() };
-        RouteView { metadata, rules: wire.spec.rules }
-    }
-}
-
-impl RouteView {
-    /// As the JSON `rule_pairs` reads: its name and rules.
-    pub fn value(&self) -> Value {
-        json!({"metadata": {"name": self.metadata.name}, "spec": {"rules": self.rules}})
+        RouteView { metadata, rules: wire.spec.rules.unwrap_or_default() }
     }
 }
 
@@ -298,7 +314,7 @@ pub async fn observe(
             "HTTPRoute {name} does not exist in namespace {namespace} (Flotilla never creates it; is the Gateway API installed?)"
         )),
         Some(route) => {
-            let pairs = rule_pairs(&route.value(), namespace, app);
+            let pairs = rule_pairs(&route, namespace, app);
             sends_nothing = pairs.as_ref().is_err_and(|why| why.contains(NO_RULE));
             pairs.map_err(bounded)
         }
@@ -338,6 +354,11 @@ mod tests {
         json!({"metadata": {"name": "shop"}, "spec": {"parentRefs": [{"name": "gw"}], "rules": rules}})
     }
 
+    /// `route` read as a reconcile reads it.
+    fn view(route: &Value) -> RouteView {
+        serde_json::from_str(&route.to_string()).expect("a route")
+    }
+
     #[test]
     fn a_route_is_read_as_its_key_and_rules_only() {
         let mut whole = route(json!([
@@ -346,11 +367,50 @@ mod tests {
         whole["metadata"]["resourceVersion"] = json!("12");
         whole["metadata"]["labels"] = json!({"a": "b"});
         whole["metadata"]["managedFields"] = json!([{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]);
-        let view: RouteView = serde_json::from_str(&whole.to_string()).expect("a route");
+        let view = view(&whole);
         assert_eq!(view.metadata.resource_version.as_deref(), Some("12"));
+        assert_eq!(view.metadata.name.as_deref(), Some("shop"));
         assert!(view.metadata.labels.is_none() && view.metadata.managed_fields.is_none());
-        assert_eq!(rule_pairs(&view.value(), "ns", "web"), rule_pairs(&whole, "ns", "web"));
-        assert_eq!(view.value()["metadata"]["name"], "shop");
+        let pairs = rule_pairs(&view, "ns", "web").expect("usable");
+        assert_eq!(pairs, [RulePair { rule: 0, stable: 1, canary: 0, stable_weight: 100, canary_weight: 0 }]);
+    }
+
+    #[test]
+    fn of_the_rules_only_the_backends_references_and_weights_are_read() {
+        let r = route(json!([
+            {"matches": [{"headers": [{"name": "h", "value": "v"}], "queryParams": [{"name": "q", "value": "v"}]}],
+             "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "h", "value": "v"}]}}],
+             "timeouts": {"request": "10s"},
+             "backendRefs": [
+                {"name": "web", "port": 80, "weight": 90, "filters": [{"type": "RequestHeaderModifier"}]},
+                {"name": "web-canary", "namespace": "ns", "kind": "Service", "group": "", "port": 80, "weight": 10}]},
+            {"matches": [{"path": {"value": "/none"}}], "backendRefs": null},
+            {"filters": [{"type": "RequestRedirect"}]},
+        ]));
+        let read = view(&r);
+        let backend =
+            |name: &str, weight| BackendRef { name: Some(name.into()), weight: Some(weight), ..Default::default() };
+        let canary = BackendRef {
+            namespace: Some("ns".into()),
+            kind: Some("Service".into()),
+            group: Some("".into()),
+            ..backend("web-canary", 10)
+        };
+        assert_eq!(
+            read.rules,
+            [
+                RouteRule { backend_refs: Some(vec![backend("web", 90), canary]) },
+                RouteRule::default(),
+                RouteRule::default()
+            ]
+        );
+        let pairs = rule_pairs(&read, "ns", "web").expect("usable");
+        assert_eq!(pairs, [RulePair { rule: 0, stable: 0, canary: 1, stable_weight: 90, canary_weight: 10 }]);
+        // A route without rules, or with `rules: null`, sends nothing.
+        for spec in [json!({}), json!({"rules": null})] {
+            let read = view(&json!({"metadata": {"name": "shop"}, "spec": spec}));
+            assert!(rule_pairs(&read, "ns", "web").is_err_and(|e| e.contains(NO_RULE)));
+        }
     }
 
     #[test]
@@ -359,7 +419,7 @@ mod tests {
             {"matches": [{"path": {"value": "/admin"}}], "backendRefs": [{"name": "admin", "port": 80}]},
             {"backendRefs": [{"name": "web-canary", "port": 80, "weight": 0}, {"name": "web", "port": 80, "weight": 100}]},
         ]));
-        let pairs = rule_pairs(&r, "ns", "web").expect("usable");
+        let pairs = rule_pairs(&view(&r), "ns", "web").expect("usable");
         assert_eq!(pairs, [RulePair { rule: 1, stable: 1, canary: 0, stable_weight: 100, canary_weight: 0 }]);
         let up = weight_patch(&pairs, Some("42"), 20).expect("weights differ");
         assert_eq!(
@@ -382,7 +442,7 @@ mod tests {
             {"filters": [{"type": "RequestHeaderModifier"}], "backendRefs": [{"name": "web", "port": 80}, {"name": "web-canary", "port": 80}]},
         ]));
         let before = r.clone();
-        let pairs = rule_pairs(&r, "ns", "web").expect("usable");
+        let pairs = rule_pairs(&view(&r), "ns", "web").expect("usable");
         // A missing weight counts as the API's default, 1.
         assert_eq!((pairs[0].stable_weight, pairs[0].canary_weight), (1, 1));
         let patch = weight_patch(&pairs, None, 5).expect("weights differ").patch;
@@ -422,11 +482,11 @@ mod tests {
             ),
         ];
         for (rules, want) in cases {
-            let err = rule_pairs(&route(rules.clone()), "ns", "web").expect_err(&rules.to_string());
+            let err = rule_pairs(&view(&route(rules.clone())), "ns", "web").expect_err(&rules.to_string());
             assert!(err.contains(want), "{rules}: {err}");
         }
         // The namespace spelled out is the App's own: fine.
         let ok = json!([{"backendRefs": [{"name": "web", "namespace": "ns"}, {"name": "web-canary", "namespace": "ns", "kind": "Service", "group": ""}]}]);
-        assert!(rule_pairs(&route(ok), "ns", "web").is_ok());
+        assert!(rule_pairs(&view(&route(ok)), "ns", "web").is_ok());
     }
 }
