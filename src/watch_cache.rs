@@ -183,6 +183,20 @@ where
     W: Send + 'static,
     K: Resource<DynamicType = ()> + 'static,
 {
+    compact_cache_observed(events, compact, |_| {})
+}
+
+/// Like `compact_cache_of`, each event shown to `observe` as the cache gets it (its objects
+/// as cached, just before the cache's store takes them).
+pub fn compact_cache_observed<W, K>(
+    events: impl Stream<Item = watcher::Result<watcher::Event<W>>> + Send + 'static,
+    compact: fn(W) -> Compact<K>,
+    observe: impl Fn(&watcher::Event<Compact<K>>) + Send + 'static,
+) -> (CompactStore<K>, watch::Receiver<bool>, impl Stream<Item = watcher::Result<Compact<K>>> + Send + 'static)
+where
+    W: Send + 'static,
+    K: Resource<DynamicType = ()> + 'static,
+{
     let writer = reflector::store::Writer::new(());
     let reader = writer.as_reader();
     let (synced_tx, synced_rx) = synced_flag();
@@ -194,6 +208,7 @@ where
         watcher::Event::Init => watcher::Event::Init,
         watcher::Event::InitDone => watcher::Event::InitDone,
     });
+    let events = events.inspect_ok(move |event| observe(event));
     (reader, synced_rx, fill(events, writer, synced_tx))
 }
 

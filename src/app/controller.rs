@@ -20,11 +20,14 @@ use super::reconcile::{error_policy, reconcile};
 use crate::api::App;
 use crate::api::names;
 use crate::app::config_map_key::ConfigMapKey;
+use crate::app::config_readers::ConfigMapReaders;
 use crate::rollout::Analyzer;
 use crate::sharding::fence::Fence;
 use crate::telemetry::Metrics;
 use crate::telemetry::events::EventWriter;
-use crate::watch_cache::{Compact, cache_unmade, cache_unmade_of, compact_cache, compact_cache_of, on_demand, slim};
+use crate::watch_cache::{
+    Compact, cache_unmade, cache_unmade_of, compact_cache, compact_cache_observed, on_demand, slim,
+};
 
 /// Who serves a namespace, when sharded: the write fence of this replica's shards and the
 /// tenant the namespace belongs to.
@@ -268,31 +271,6 @@ where
     crate::watch_cache::streaming_lists::watch(scope.api::<K>(client), tenant_sized(), streamed)
 }
 
-/// The Apps of `config_map`'s namespace whose templates read it: those a change of it rolls.
-fn apps_reading(apps: &Store<Compact<App>>, config_map: &ConfigMapKey) -> Vec<ObjectRef<Compact<App>>> {
-    let (Some(namespace), Some(name)) = (config_map.meta().namespace.as_deref(), config_map.meta().name.as_deref())
-    else {
-        return Vec::new();
-    };
-    // A tenant can touch a ConfigMap many times a second: an App whose JSON does not even
-    // hold the name as a string is passed over without parsing it.
-    let Ok(quoted) = serde_json::to_string(name) else { return Vec::new() };
-    apps.state()
-        .iter()
-        .filter(|app| app.meta().namespace.as_deref() == Some(namespace))
-        .filter(|app| app.json().contains(&quoted))
-        // An App that does not parse waits for a change of its own: rolled by a ConfigMap, its
-        // reconcile would only report it again (a Warning Event per change of the ConfigMap).
-        .filter(|app| {
-            app.parse()
-                .ok()
-                .and_then(|a| a.spec.template)
-                .is_some_and(|t| crate::app::config::config_maps_of(&t).contains(name))
-        })
-        .map(|app| ObjectRef::from_obj(app.as_ref()))
-        .collect()
-}
-
 /// How a namespace's App controller runs: at most `per_namespace` of its reconciles work at
 /// once, in turns given in the order asked (`namespace_turns`); kube-runtime lets in
 /// `namespace_turns::QUICK_LANES` more, for the reconciles that find no turn and end at once
@@ -331,15 +309,15 @@ fn controller_of(
     app_events: impl Stream<Item = Result<Compact<App>, watcher::Error>> + Send + 'static,
     apps: Store<Compact<App>>,
     streams: Streams,
+    readers: ConfigMapReaders,
     config: kube::runtime::controller::Config,
 ) -> Controller<Compact<App>> {
-    let readers = apps.clone();
     Controller::for_stream(app_events, apps)
         .with_config(config)
         .owns_stream(streams.deployments)
         .owns_stream(streams.hpas)
         .owns_stream(streams.services)
-        .watches_stream(streams.config_maps, move |cm| apps_reading(&readers, &cm))
+        .watches_stream(streams.config_maps, move |cm| readers.apps_reading(&cm))
         .reconcile_on(streams.woken)
 }
 
@@ -355,9 +333,14 @@ pub fn app_controller(
 ) -> impl Future<Output = ()> {
     // Read straight into text (`Compact`), never as Apps: one malformed App cannot break the
     // watch (and the cache) for all the others, each is parsed in its own reconcile; and an
-    // App shaped to parse into many times its size costs no more than its length.
-    let (apps, apps_synced, app_events) =
-        compact_cache_of(watch_apps::<Compact<App>>(&client, &scope, shared.streaming_lists), std::convert::identity);
+    // App shaped to parse into many times its size costs no more than its length. Each App
+    // that changes is read for the ConfigMaps it reads, which a ConfigMap's change looks up.
+    let readers = ConfigMapReaders::default();
+    let (apps, apps_synced, app_events) = {
+        let readers = readers.clone();
+        let events = watch_apps::<Compact<App>>(&client, &scope, shared.streaming_lists);
+        compact_cache_observed(events, std::convert::identity, move |event| readers.observe(event))
+    };
     let namespace = match &scope {
         Scope::All => String::new(),
         Scope::Namespace(ns) => ns.clone(),
@@ -365,8 +348,8 @@ pub fn app_controller(
     let registration = shared.metrics.app_index().register(&namespace, apps.clone(), ready.clone());
     let per_namespace = turns_of(&scope, shared.reconciles_per_namespace);
     let (ctx, streams) = context(client, &scope, shared, served_by, Some(apps.clone()));
-    let controller =
-        controller_of(app_events, apps, streams, controller_config(per_namespace)).graceful_shutdown_on(shutdown);
+    let controller = controller_of(app_events, apps, streams, readers, controller_config(per_namespace))
+        .graceful_shutdown_on(shutdown);
     async move {
         // Dropped with this future: the namespace's Apps leave the per-App series.
         let _registration = registration;
@@ -406,15 +389,11 @@ mod tests {
     use std::collections::HashMap;
     use std::sync::Mutex;
 
-    fn cached(name: &str, namespace: &str, template: serde_json::Value) -> Compact<App> {
-        // "replicas": an App that is invalid elsewhere than in its template.
-        let replicas = if name == "invalid" { serde_json::json!("three") } else { serde_json::json!(1) };
+    fn cached(name: &str, namespace: &str) -> Compact<App> {
         let obj: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "flotilla.dev/v1beta1", "kind": "App",
-            "metadata": {"name": name, "namespace": namespace, "uid": name,
-                "annotations": {"mentions": "settings"}},
-            "spec": {"image": "registry.example.com/web", "version": "1", "replicas": replicas,
-                "template": template}
+            "metadata": {"name": name, "namespace": namespace, "uid": name},
+            "spec": {"image": "registry.example.com/web", "version": "1", "replicas": 1}
         }))
         .expect("an App");
         Compact::of(obj)
@@ -435,7 +414,7 @@ mod tests {
     ) -> (usize, Vec<std::time::Duration>) {
         use std::sync::atomic::AtomicUsize;
         use tokio::time::Instant;
-        let apps: Vec<_> = (0..count).map(|i| cached(&format!("app-{i}"), "team", serde_json::json!({}))).collect();
+        let apps: Vec<_> = (0..count).map(|i| cached(&format!("app-{i}"), "team")).collect();
         let mut writer = Writer::<Compact<App>>::default();
         let reader = writer.as_reader();
         writer.apply_watcher_event(&watcher::Event::Init);
@@ -476,7 +455,7 @@ mod tests {
             waits: Mutex::new((0..count).map(|i| (format!("app-{i}"), (started, Default::default(), 0))).collect()),
             turns,
         });
-        let run = controller_of(events, reader, streams, config)
+        let run = controller_of(events, reader, streams, ConfigMapReaders::default(), config)
             .run(
                 move |app: Arc<Compact<App>>, seen: Arc<Seen>| async move {
                     use crate::app::namespace_turns::Taken;
@@ -573,35 +552,5 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(Arc::strong_count(&held), 1, "the task, and what it held, are gone");
-    }
-
-    #[test]
-    fn a_config_map_change_rolls_only_the_apps_whose_templates_read_it() {
-        let mut writer = Writer::<Compact<App>>::default();
-        let reads = serde_json::json!({"spec": {"containers": [{"name": "app",
-            "envFrom": [{"configMapRef": {"name": "settings"}}]}]}});
-        let volume = serde_json::json!({"spec": {"containers": [{"name": "app"}],
-            "volumes": [{"name": "v", "configMap": {"name": "settings"}}]}});
-        // Names it only where pods do not read it (a container's name, an annotation).
-        let named = serde_json::json!({"spec": {"containers": [{"name": "settings", "image": "x"}, {"name": "app"}]}});
-        for app in [
-            cached("env", "shop", reads.clone()),
-            cached("volume", "shop", volume),
-            cached("named", "shop", named),
-            cached("elsewhere", "other", reads.clone()),
-            cached("invalid", "shop", reads),
-        ] {
-            writer.apply_watcher_event(&watcher::Event::Apply(app));
-        }
-        let store = writer.as_reader();
-        let config_map = |name: &str| -> ConfigMapKey {
-            serde_json::from_value(serde_json::json!({"metadata": {"name": name, "namespace": "shop"}}))
-                .expect("a ConfigMap")
-        };
-        let mut rolled: Vec<String> =
-            apps_reading(&store, &config_map("settings")).into_iter().map(|r| r.name).collect();
-        rolled.sort();
-        assert_eq!(rolled, ["env", "volume"]);
-        assert!(apps_reading(&store, &config_map("other")).is_empty());
     }
 }

@@ -3,6 +3,7 @@
 pub mod applied;
 pub mod config;
 pub mod config_map_key;
+pub mod config_readers;
 pub mod context;
 pub mod controller;
 pub mod desired;
