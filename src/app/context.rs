@@ -251,7 +251,7 @@ impl Context {
 
     /// The run not written that is newer than the `stored` one and judged alike, if there is
     /// one; else it is forgotten (the stored status moved on, or said something else).
-    pub fn unwritten_run(&self, namespace: &str, name: &str, stored: Option<&AppStatus>) -> Option<AnalysisStatus> {
+    fn unwritten_run(&self, namespace: &str, name: &str, stored: Option<&AppStatus>) -> Option<AnalysisStatus> {
         let mut runs = self.unwritten_runs.lock().unwrap_or_else(|p| p.into_inner());
         let key = (namespace.to_string(), name.to_string());
         let ((run, target), at) = runs.get(&key)?;
@@ -269,6 +269,15 @@ impl Context {
         }
         runs.forget(&key);
         None
+    }
+
+    /// Lays the run not written (`unwritten_run`) over `status`, the App's stored one, for
+    /// planning.
+    pub fn lay_unwritten_run(&self, namespace: &str, name: &str, status: Option<&mut AppStatus>) {
+        let run = self.unwritten_run(namespace, name, status.as_deref());
+        if let (Some(status), Some(run)) = (status, run) {
+            status.analysis = Some(run);
+        }
     }
 
     /// Forgets the run not written, once a status with it (or a later one) is written.

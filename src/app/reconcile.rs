@@ -276,11 +276,7 @@ async fn reconcile_app(
     // The status as stored; planned from with the latest run that was not written laid over
     // it (`status::run_may_wait`), so that the next run is due an interval after that one.
     let stored_status = app.status.clone();
-    if let Some(run) = ctx.unwritten_run(&namespace, &name, app.status.as_ref())
-        && let Some(status) = app.status.as_mut()
-    {
-        status.analysis = Some(run);
-    }
+    ctx.lay_unwritten_run(&namespace, &name, app.status.as_mut());
 
     // Decide: the planner, and once more with measurements when it asks for them.
     let mut input = Input { app: &app, observed, measurements: None, now, min_interval: ctx.analyzer.min_interval() };

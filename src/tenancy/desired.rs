@@ -207,29 +207,21 @@ pub fn network_policy(
     let me = tenant_name(tenant);
     let own = match wanted.isolation.unwrap_or_default() {
         NetworkIsolation::None => return egress.map(|e| egress_only(namespace, &me, e)),
+        // By name and by the owner's label, which only the platform and the operator may set:
+        // a listed name someone else created (before the operator could, or after a deletion)
+        // is not the tenant's, and is not admitted.
         NetworkIsolation::Tenant => {
-            let mut names: Vec<String> = owned.iter().chain([&namespace.to_string()]).cloned().collect();
-            names.sort();
-            names.dedup();
-            // By name and by the owner's label, which only the platform and the operator may
-            // set: a listed name someone else created (before the operator could, or after a
-            // deletion) is not the tenant's, and is not admitted.
-            let mut peer = namespaces_named(names);
-            if let Some(selector) = peer.namespace_selector.as_mut() {
-                selector.match_labels = Some(BTreeMap::from([(LABEL_TENANT.to_string(), me.clone())]));
-            }
-            peer
+            let names = owned.iter().chain([&namespace.to_string()]).cloned().collect();
+            namespaces_by_name("In", names, Some(&me))
         }
         NetworkIsolation::Namespace => {
             NetworkPolicyPeer { pod_selector: Some(LabelSelector::default()), ..NetworkPolicyPeer::default() }
         }
     };
-    let mut others: Vec<String> = platform.iter().chain(wanted.allow_from_namespaces.iter()).cloned().collect();
-    others.sort();
-    others.dedup();
+    let others: Vec<String> = platform.iter().chain(wanted.allow_from_namespaces.iter()).cloned().collect();
     let mut from = vec![own];
     if !others.is_empty() {
-        from.push(namespaces_named(others));
+        from.push(namespaces_by_name("In", others, None));
     }
     let types = if egress.is_some() { vec!["Ingress".into(), "Egress".into()] } else { vec!["Ingress".into()] };
     Some(NetworkPolicy {
@@ -274,20 +266,7 @@ pub struct EgressPolicy {
 /// The egress rules of `policy`: every pod of every namespace but the denied ones, and every
 /// address outside the cluster's ranges.
 fn egress_rules(policy: &EgressPolicy) -> Vec<NetworkPolicyEgressRule> {
-    let mut denied = policy.denied_namespaces.clone();
-    denied.sort();
-    denied.dedup();
-    let namespaces = NetworkPolicyPeer {
-        namespace_selector: Some(LabelSelector {
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: NAMESPACE_NAME_LABEL.into(),
-                operator: "NotIn".into(),
-                values: Some(denied),
-            }]),
-            ..LabelSelector::default()
-        }),
-        ..NetworkPolicyPeer::default()
-    };
+    let namespaces = namespaces_by_name("NotIn", policy.denied_namespaces.clone(), None);
     let outside = |all: &str, v6: bool| {
         let except: Vec<String> = policy.cluster_cidrs.iter().filter(|c| c.contains(':') == v6).cloned().collect();
         NetworkPolicyPeer {
@@ -309,16 +288,19 @@ pub fn is_cidr(cidr: &str) -> bool {
     bits.parse::<u8>().is_ok_and(|b| b <= most)
 }
 
-/// A peer of every pod in the namespaces `names` (sorted, deduplicated), by their names.
-fn namespaces_named(names: Vec<String>) -> NetworkPolicyPeer {
+/// A peer of every pod in the namespaces whose name is (`In`) or is not (`NotIn`) one of
+/// `names`, by `kubernetes.io/metadata.name`, and labelled for `owner` when given.
+fn namespaces_by_name(operator: &str, mut names: Vec<String>, owner: Option<&str>) -> NetworkPolicyPeer {
+    names.sort();
+    names.dedup();
     NetworkPolicyPeer {
         namespace_selector: Some(LabelSelector {
             match_expressions: Some(vec![LabelSelectorRequirement {
                 key: NAMESPACE_NAME_LABEL.into(),
-                operator: "In".into(),
+                operator: operator.into(),
                 values: Some(names),
             }]),
-            ..LabelSelector::default()
+            match_labels: owner.map(|o| BTreeMap::from([(LABEL_TENANT.to_string(), o.to_string())])),
         }),
         ..NetworkPolicyPeer::default()
     }
